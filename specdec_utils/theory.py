@@ -1,0 +1,80 @@
+"""Closed-form predictions for speculative decoding (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", Sec. 3). Used in notebook 00 to plot the speedup to expect.
+
+Notation: `alpha` is the acceptance rate (expected probability that the target accepts one drafted
+token), `gamma` the number of tokens drafted per round, `cost_ratio` (the paper's c) the time of one
+draft forward divided by the time of one target forward. Every function accepts Python floats,
+numpy arrays or torch tensors (broadcast against each other) and returns the same kind: a float for
+scalar inputs, a float64 numpy array, or a float64 torch tensor on the inputs' device.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def expected_accepted_length(alpha, gamma):
+    """Expected tokens produced per target forward pass, (1 - alpha^(gamma+1)) / (1 - alpha).
+
+    Leviathan et al. 2023, Eq. 1: the accepted drafted tokens plus the one token the target adds
+    (its correction or its bonus token). Limits: 1 at alpha = 0, gamma + 1 at alpha = 1.
+    `gamma` must be a whole number >= 0 here (gamma = 0 is plain decoding: one token per pass).
+    """
+    xp, (a, g), scalar = _prepare(alpha, gamma)
+    _check(xp, a, g, min_gamma=0)
+    return _finish(_accepted(xp, a, g), scalar)
+
+
+def expected_speedup(alpha, gamma, cost_ratio):
+    """Expected wall-time speedup over plain decoding, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+
+    Leviathan et al. 2023, Theorem 3.8: a round costs gamma draft forwards plus one target forward
+    (gamma * c + 1 target-forward times) and yields `expected_accepted_length` tokens. It assumes a
+    target forward over gamma + 1 tokens costs what one token costs. Needs gamma >= 1 (a whole
+    number) and cost_ratio >= 0.
+    """
+    xp, (a, g, c), scalar = _prepare(alpha, gamma, cost_ratio)
+    _check(xp, a, g, min_gamma=1)
+    if _any(xp, (c < 0) | xp.isnan(c)):
+        raise ValueError("cost_ratio (draft time / target time) must be >= 0")
+    return _finish(_accepted(xp, a, g) / (g * c + 1), scalar)
+
+
+def optimal_gamma(alpha, cost_ratio, max_gamma: int = 32) -> int:
+    """The gamma in 1..max_gamma that maximizes `expected_speedup` for scalar alpha and cost_ratio."""
+    gammas = np.arange(1, max_gamma + 1)
+    return int(gammas[np.argmax(expected_speedup(float(alpha), gammas, float(cost_ratio)))])
+
+
+def _accepted(xp, a, g):
+    # 1 - a^(g+1) = -expm1((g+1) log a) stays accurate as alpha -> 1, where the plain formula
+    # cancels; alpha == 1 exactly takes its limit g + 1.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = -xp.expm1((g + 1) * xp.log1p(a - 1)) / (1 - a)
+    return xp.where(a == 1, g + 1, ratio)
+
+
+def _prepare(*values):
+    """Convert inputs to one array library (torch if any input is a tensor), float64, broadcast."""
+    scalar = not any(isinstance(v, (torch.Tensor, np.ndarray, list, tuple)) for v in values)
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if tensors:
+        device = tensors[0].device
+        arrays = [torch.as_tensor(v, dtype=torch.float64, device=device) for v in values]
+        return torch, torch.broadcast_tensors(*arrays), scalar
+    return np, np.broadcast_arrays(*[np.asarray(v, dtype=np.float64) for v in values]), scalar
+
+
+def _check(xp, a, g, min_gamma: int) -> None:
+    if _any(xp, (a < 0) | (a > 1) | xp.isnan(a)):
+        raise ValueError("alpha (the acceptance rate) must lie in [0, 1]")
+    if _any(xp, (g < min_gamma) | (g != xp.floor(g))):
+        raise ValueError(f"gamma (tokens drafted per round) must be a whole number >= {min_gamma}")
+
+
+def _any(xp, mask) -> bool:
+    return bool(mask.any()) if xp is torch else bool(np.any(mask))
+
+
+def _finish(result, scalar: bool):
+    return float(result) if scalar else result

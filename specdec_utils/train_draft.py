@@ -1,0 +1,347 @@
+"""Distil small drafts from the target (knowledge distillation, as in DistillSpec, Zhou et al. 2024).
+
+The target writes its own training text: greedy (and some sampled) continuations of the course's
+training prompts, of prompts whose first tokens it sampled itself (for variety), and of windows of
+Python standard-library source (real code that exists offline). A draft is trained to match the
+target's full next-token distribution on that text (forward KL, Sec. 4 of DistillSpec), in a
+reduced vocabulary: the `vocab_size` tokens the target writes most often, plus one slot for all
+others (see `models.ReducedVocabLlamaForCausalLM`).
+
+    python -m specdec_utils.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
+    python -m specdec_utils.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
+        --new-tokens 32 --out /tmp/drafts                                        # a CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from .models import MODELS_DIR, ReducedVocabLlamaForCausalLM, load_model
+from .prompts import build_prompts, format_prompt
+from .utils import progress, seed_everything
+
+DRAFT_SHAPES = {
+    "draft-s": dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=768),
+    "draft-m": dict(num_hidden_layers=4, hidden_size=320, num_attention_heads=5,
+                    num_key_value_heads=1, intermediate_size=960),
+}
+
+
+# ----------------------------------------------------------------------------- data
+def stdlib_windows(tokenizer, n: int, tokens: int, seed: int) -> list[list[int]]:
+    """`n` random windows of `tokens` tokens from the Python standard library's source."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n and files:
+        text = rng.choice(files).read_text(errors="ignore")
+        start = rng.randrange(max(1, len(text) - 8 * tokens))
+        ids = tokenizer(text[start:start + 8 * tokens], add_special_tokens=False).input_ids
+        if len(ids) > tokens:
+            start = rng.randrange(len(ids) - tokens)
+            out.append(ids[start:start + tokens])
+    return out
+
+
+def _strip(row: torch.Tensor, mask: torch.Tensor, eos_id: int, prompt_len: int) -> list[int]:
+    """Drop left padding and everything after the first EOS of the continuation."""
+    ids = row[mask.bool()].tolist() if mask is not None else row.tolist()
+    head, tail = ids[:prompt_len], ids[prompt_len:]
+    if eos_id in tail:
+        tail = tail[:tail.index(eos_id) + 1]
+    return head + tail
+
+
+@torch.no_grad()
+def generate_corpus(target, tokenizer, n_sequences: int, new_tokens: int, batch_size: int,
+                    seed: int = 0, sampled_fraction: float = 0.25, max_prefix: int = 24,
+                    time_budget_s: float = float("inf")) -> list[dict]:
+    """Token sequences written by the target: prompt (+ a few sampled tokens) + continuation.
+
+    Each batch is one kind: training prompts (raw, or through the chat template), or standard
+    library windows; a random number (0..max_prefix) of tokens is first sampled at temperature 1
+    for variety, then the continuation is greedy, or (for `sampled_fraction` of batches) sampled.
+    """
+    rng = random.Random(seed)
+    prompts = build_prompts("train")
+    device = target.device
+    tokenizer.padding_side = "left"
+    eos = tokenizer.eos_token_id
+    corpus, start = [], time.time()
+    bar = progress(range(math.ceil(n_sequences / batch_size)), desc="target writes the corpus")
+    for _ in bar:
+        if time.time() - start > time_budget_s:
+            break
+        if rng.random() < 0.2:
+            windows = stdlib_windows(tokenizer, batch_size, rng.randint(16, 64), rng.randrange(1 << 30))
+            texts = [tokenizer.decode(w) for w in windows]
+            kind = "code"
+        else:
+            rows = [dict(rng.choice(prompts)) for _ in range(batch_size)]
+            for r in rows:
+                r["chat"] = r["chat"] or rng.random() < 0.2
+            texts = [format_prompt(tokenizer, r) for r in rows]
+            kind = "prompt"
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        ids, mask = enc.input_ids, enc.attention_mask
+        prefix = rng.randint(0, max_prefix)
+        keep = torch.ones(len(texts), dtype=torch.bool)
+        if prefix:
+            ids = target.generate(ids, attention_mask=mask, max_new_tokens=prefix, do_sample=True,
+                                  temperature=1.0, top_p=0.95, top_k=None, pad_token_id=eos)
+            keep = (ids[:, mask.shape[1]:] != eos).all(1).cpu()  # drop rows that ended early
+            mask = torch.cat([mask, torch.ones_like(ids[:, mask.shape[1]:])], 1)
+        sampled = rng.random() < sampled_fraction
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=sampled,
+                              temperature=1.0 if sampled else None, top_p=None, top_k=None,
+                              pad_token_id=eos)
+        full_mask = torch.cat([mask, torch.ones_like(out[:, mask.shape[1]:])], 1)
+        for row, m in zip(out.cpu()[keep], full_mask.cpu()[keep]):
+            prompt_len = int(m[:ids.shape[1]].sum())
+            seq = _strip(row, m, eos, prompt_len)
+            if len(seq) > prompt_len + 1:
+                corpus.append({"ids": seq, "prompt_len": prompt_len, "kind": kind,
+                               "mode": "sampled" if sampled else "greedy"})
+    return corpus
+
+
+def choose_vocab(corpus: list[dict], vocab_size: int, full_vocab_size: int) -> torch.Tensor:
+    """The `vocab_size` most frequent token ids of the corpus (continuations weigh double)."""
+    counts = torch.zeros(full_vocab_size)
+    for seq in corpus:
+        ids = torch.tensor(seq["ids"])
+        counts.index_add_(0, ids, torch.ones(len(ids)))
+        counts.index_add_(0, ids[seq["prompt_len"]:], torch.ones(len(ids) - seq["prompt_len"]))
+    vocab_size = min(vocab_size, full_vocab_size)
+    return torch.sort(counts.topk(vocab_size).indices).values
+
+
+# ----------------------------------------------------------------------------- model
+def make_draft(name: str, target, vocab_ids: torch.Tensor) -> ReducedVocabLlamaForCausalLM:
+    """A fresh draft of shape DRAFT_SHAPES[name], its embedding initialised from the target's:
+    the rows of the draft vocabulary projected on their top principal components."""
+    if name not in DRAFT_SHAPES:
+        raise ValueError(f"unknown draft shape {name!r}; allowed: {', '.join(DRAFT_SHAPES)}")
+    tc = target.config
+    config = LlamaConfig(**DRAFT_SHAPES[name], vocab_size=len(vocab_ids) + 1, head_dim=64,
+                         full_vocab_size=tc.vocab_size, tie_word_embeddings=True,
+                         max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
+                         rope_parameters=getattr(tc, "rope_parameters", None),
+                         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
+                         pad_token_id=tc.pad_token_id)
+    draft = ReducedVocabLlamaForCausalLM(config)
+    draft.set_vocab(vocab_ids)
+    with torch.no_grad():
+        emb = target.get_input_embeddings().weight.float().cpu()[vocab_ids]
+        centered = emb - emb.mean(0)
+        _, _, v = torch.linalg.svd(centered, full_matrices=False)
+        proj = centered @ v[:config.hidden_size].T
+        proj = proj / proj.std() * config.initializer_range * 2
+        draft.get_input_embeddings().weight[:-1] = proj
+        draft.get_input_embeddings().weight[-1] = 0
+    return draft
+
+
+def _batch(corpus, idx, max_len, device):
+    seqs = [corpus[i]["ids"][:max_len] for i in idx]
+    length = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), length, dtype=torch.long)
+    mask = torch.zeros(len(seqs), length, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, :len(s)] = torch.tensor(s)
+        mask[row, :len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def distill_loss(draft, target, ids, mask):
+    """Forward KL(p_target || q_draft) per token, in the draft's vocabulary: the target's mass
+    outside it goes to the draft's extra slot. Returns (mean KL, mean top-1 agreement)."""
+    with torch.no_grad():
+        p = torch.softmax(target(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        p_in = p[..., draft.draft_to_full]
+        p_red = torch.cat([p_in, (1 - p_in.sum(-1, keepdim=True)).clamp_min(0)], -1)
+        top1 = p.argmax(-1)
+        del p
+    logq = torch.log_softmax(draft.draft_logits(input_ids=ids, attention_mask=mask).logits.float(), -1)
+    kl = (p_red * (torch.log(p_red.clamp_min(1e-12)) - logq)).sum(-1)
+    m = mask.float()
+    agree = (draft.draft_to_full[logq[..., :-1].argmax(-1)] == top1).float()
+    return (kl * m).sum() / m.sum(), (agree * m).sum() / m.sum()
+
+
+def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
+          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25) -> list[dict]:
+    """AdamW with linear warm-up and cosine decay to 10% over `steps` or `time_budget_s`,
+    whichever ends first; bf16 autocast on CUDA. Returns the log."""
+    device = target.device
+    draft.to(device).train()
+    opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    warmup = max(1, steps // 50)
+    rng = random.Random(seed)
+    log, start = [], time.time()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for step in progress(range(steps), desc="distilling"):
+        done = max(step / steps, (time.time() - start) / time_budget_s)
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(done, 1))))
+        ids, mask = _batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len, device)
+        with autocast:
+            kl, agree = distill_loss(draft, target, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        kl.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        if step % log_every == 0 or step == steps - 1:
+            log.append({"step": step, "kl": kl.item(), "agreement": agree.item(),
+                        "lr": opt.param_groups[0]["lr"], "seconds": time.time() - start})
+        if done >= 1:
+            break
+    draft.eval()
+    return log
+
+
+# ----------------------------------------------------------------------------- evaluation
+def greedy_block_lengths(matches: list[bool], gamma: int) -> list[int]:
+    """Simulate greedy speculative decoding over a teacher-forced match sequence: each target
+    pass accepts the draft's leading matches (at most gamma) and adds one target token."""
+    produced, i = [], 0
+    while i < len(matches):
+        accepted = 0
+        while accepted < gamma and i + accepted < len(matches) and matches[i + accepted]:
+            accepted += 1
+        produced.append(accepted + 1)
+        i += accepted + 1
+    return produced
+
+
+@torch.no_grad()
+def greedy_continuations(target, tokenizer, rows: list[dict], new_tokens: int, batch_size: int = 64) -> list[list[int]]:
+    """The target's greedy continuation of each row (batched, left-padded), cut after EOS."""
+    tokenizer.padding_side = "left"
+    eos, out = tokenizer.eos_token_id, []
+    for i in range(0, len(rows), batch_size):
+        texts = [format_prompt(tokenizer, r) for r in rows[i:i + batch_size]]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
+        gen = target.generate(**enc, max_new_tokens=new_tokens, do_sample=False, top_p=None, top_k=None,
+                              temperature=None, pad_token_id=eos)[:, enc.input_ids.shape[1]:].tolist()
+        out += [g[:g.index(eos) + 1] if eos in g else g for g in gen]
+    return out
+
+
+@torch.no_grad()
+def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, gamma: int = 4,
+             continuations: list[list[int]] | None = None) -> dict:
+    """Held-out agreement metrics on the target's own greedy continuations of `rows`:
+    per-token top-1 agreement with the target's argmax (teacher-forced), tau = tokens per target
+    pass at `gamma` (greedy, bonus/correction included), and alpha = E[1 - TV(p, q)] at
+    temperature 1 (Leviathan et al. 2023, Definition 3.1)."""
+    device = target.device
+    if continuations is None:
+        continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
+    matches_all, taus, alphas = [], [], []
+    for row, cont in zip(progress(rows, desc="evaluating"), continuations):
+        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        ids = torch.tensor([prompt + cont], device=device)
+        n = len(prompt)
+        p_logits = target(ids).logits[0, n - 1:-1].float()
+        q_logits = draft(ids.to(draft.device)).logits[0, n - 1:-1].float().to(device)
+        matches = (q_logits.argmax(-1) == p_logits.argmax(-1)).tolist()
+        matches_all += matches
+        taus += greedy_block_lengths(matches, gamma)
+        p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
+        alphas += torch.minimum(p, q).sum(-1).tolist()
+    return {"agreement": sum(matches_all) / len(matches_all), "tau": sum(taus) / len(taus),
+            "alpha_tv": sum(alphas) / len(alphas), "gamma": gamma, "positions": len(matches_all),
+            "prompts": len(rows), "new_tokens": new_tokens}
+
+
+# ----------------------------------------------------------------------------- CLI
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--names", default="draft-s,draft-m", help=f"comma-separated, from {list(DRAFT_SHAPES)}")
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--sequences", type=int, default=24576, help="corpus size (target-written sequences)")
+    ap.add_argument("--new-tokens", type=int, default=160, help="continuation length per sequence")
+    ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (plus one 'other' slot)")
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--eval-prompts", type=int, default=0, help="0 = all held-out eval prompts")
+    ap.add_argument("--gen-budget-s", type=float, default=float("inf"))
+    ap.add_argument("--train-budget-s", type=float, default=float("inf"), help="per draft")
+    ap.add_argument("--corpus", type=Path, default=None, help="cache the corpus here (reused if present)")
+    ap.add_argument("--out", type=Path, default=MODELS_DIR)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    names = args.names.split(",")
+    bad = [n for n in names if n not in DRAFT_SHAPES]
+    if bad:
+        ap.error(f"--names: unknown draft {bad[0]!r}; allowed: {', '.join(DRAFT_SHAPES)}")
+    for arg in ("sequences", "new_tokens", "gen_batch", "vocab_size", "steps", "batch_size"):
+        if getattr(args, arg) < 1:
+            ap.error(f"--{arg.replace('_', '-')} must be >= 1, got {getattr(args, arg)}")
+    args.names = names
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    seed_everything(args.seed)
+    device = torch.device(args.device) if args.device else None
+    dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
+    target, tokenizer = load_model(args.target, device=device, dtype=dtype)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    if args.corpus and args.corpus.exists():
+        corpus = torch.load(args.corpus)
+    else:
+        corpus = generate_corpus(target, tokenizer, args.sequences, args.new_tokens, args.gen_batch,
+                                 seed=args.seed, time_budget_s=args.gen_budget_s)
+        if args.corpus:
+            torch.save(corpus, args.corpus)
+    n_tokens = sum(len(s["ids"]) for s in corpus)
+    print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
+    vocab = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
+    cont = torch.cat([torch.tensor(s["ids"][s["prompt_len"]:]) for s in corpus])
+    coverage = torch.isin(cont, vocab).float().mean().item()
+    print(f"draft vocabulary: {len(vocab)} tokens cover {coverage:.2%} of continuation tokens", flush=True)
+    eval_rows = build_prompts("eval")
+    if args.eval_prompts:
+        eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
+    continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
+    for name in args.names:
+        seed_everything(args.seed)
+        draft = make_draft(name, target, vocab)
+        log = train(draft, target, corpus, args.steps, args.batch_size, args.lr, seed=args.seed,
+                    time_budget_s=args.train_budget_s)
+        draft = draft.to(dtype=torch.bfloat16)
+        metrics = evaluate(draft, target, tokenizer, eval_rows, continuations=continuations)
+        print(name, json.dumps(metrics), flush=True)
+        out = args.out / name
+        draft.save_pretrained(out)
+        record = {"name": name, "command": "python -m specdec_utils.train_draft " + " ".join(sys.argv[1:] if argv is None else argv),
+                  "shape": DRAFT_SHAPES[name], "vocab_size": len(vocab), "vocab_coverage": coverage,
+                  "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
+                  "parameters": sum(p.numel() for p in draft.parameters()),
+                  "device": torch.cuda.get_device_name() if dtype == torch.bfloat16 else "cpu",
+                  "eval": metrics, "log": log}
+        (out / "training_log.json").write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

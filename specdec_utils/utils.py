@@ -1,0 +1,123 @@
+"""Small helpers every notebook uses: device choice, seeding, timing, plotting, progress."""
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIGURES_DIR = REPO_ROOT / "figures"
+
+
+def quick_mode() -> bool:
+    """The course's one CI switch: SPECDEC_QUICK=1 (set by `make test`) shrinks every benchmark."""
+    return os.environ.get("SPECDEC_QUICK", "0").lower() not in ("", "0", "false", "no")
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """cuda if available, then mps, then cpu; `prefer` (or env SPECDEC_DEVICE) forces one."""
+    prefer = prefer or os.environ.get("SPECDEC_DEVICE")
+    if prefer:
+        allowed = ("cpu", "cuda", "mps")
+        if prefer.split(":")[0] not in allowed:
+            raise ValueError(f"unknown device {prefer!r}; allowed: {', '.join(allowed)}")
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def seed_everything(seed: int = 0) -> torch.Generator:
+    """Seed Python and torch (all devices); return a CPU generator seeded the same way."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def synchronize(device=None) -> None:
+    """Wait for queued kernels so a wall-clock reading covers the work, not just its launch."""
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type == "cuda":
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@contextmanager
+def timer(device=None):
+    """`with timer(dev) as t: ...` then `t.seconds`; synchronizes the device at both ends."""
+    class Elapsed:
+        seconds = float("nan")
+    elapsed = Elapsed()
+    synchronize(device)
+    start = time.perf_counter()
+    try:
+        yield elapsed
+    finally:
+        synchronize(device)
+        elapsed.seconds = time.perf_counter() - start
+
+
+def time_fn(fn, *, repeats: int = 10, warmup: int = 2, device=None) -> dict:
+    """Median, min and all wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        with timer(device) as t:
+            fn()
+        times.append(t.seconds)
+    return {"median": statistics.median(times), "min": min(times), "times": times}
+
+
+def progress(iterable, desc: str | None = None, total: int | None = None, **kwargs):
+    """tqdm progress bar that keeps notebook outputs clean (text mode, cleared when done)."""
+    from tqdm.auto import tqdm
+    kwargs.setdefault("leave", False)
+    kwargs.setdefault("disable", os.environ.get("SPECDEC_NO_PROGRESS") == "1")
+    return tqdm(iterable, desc=desc, total=total, **kwargs)
+
+
+def device_summary(device=None) -> str:
+    """One line naming the hardware and library versions, for figure titles and notebooks."""
+    import platform
+    import transformers
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores"
+    return f"{name} | torch {torch.__version__} | transformers {transformers.__version__}"
+
+
+def set_plot_style() -> None:
+    """One consistent matplotlib style for every figure of the course."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    if not os.environ.get("MPLBACKEND") and "ipykernel" not in __import__("sys").modules:
+        matplotlib.use("Agg")
+    plt.rcParams.update({"figure.figsize": (7, 4), "figure.dpi": 100, "savefig.dpi": 120,
+                         "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+                         "axes.spines.right": False, "font.size": 10, "axes.titlesize": 11,
+                         "legend.frameon": False})
+
+
+def save_figure(fig, name: str, directory: Path | None = None) -> Path:
+    """Save `fig` as `figures/<name>.png` (name says what it shows) and return the path."""
+    if not name or "/" in name or name.endswith(".png"):
+        raise ValueError(f"figure name must be a bare name like '00_forward_latency', got {name!r}")
+    directory = Path(directory or FIGURES_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
+    fig.savefig(path, bbox_inches="tight")
+    return path

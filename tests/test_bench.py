@@ -1,0 +1,148 @@
+"""Tests of the benchmark CLI (`python -m specdec_utils.bench`): every bad argument is one line on
+stderr with exit status 2, and a tiny end-to-end run writes the records it promises."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig
+
+from specdec_utils import bench
+from specdec_utils.models import ReducedVocabLlamaForCausalLM, ensure_target_cache, tiny_model
+from specdec_utils.speculative import autoregressive_generate
+from specdec_utils.utils import REPO_ROOT
+
+RECORD_KEYS = {"id", "method", "new_token_ids", "text", "wall_s", "new_tokens", "target_calls", "drafted",
+               "accepted", "gamma", "temperature", "dtype", "device"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models are dominated by per-op overhead; one thread is fastest and steadiest."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"id": "story", "prompt": "Once upon a time"},
+            {"id": "chat", "prompt": "Give me three tips for sleep.", "chat": True}]
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_vocab_model(tmp_path_factory):
+    """A local model folder with the target's tokenizer but a 256-token output layer."""
+    path = tmp_path_factory.mktemp("other-vocab")
+    tiny_model("tiny-llama", vocab_size=256).save_pretrained(path)
+    AutoTokenizer.from_pretrained(ensure_target_cache()).save_pretrained(path)
+    return path
+
+
+def run_main(capsys, argv):
+    code = bench.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gamma", "0"], "argument --gamma: must be an integer >= 1, got '0'"),
+    (["--gamma", "two"], "argument --gamma: must be an integer >= 1, got 'two'"),
+    (["--temperature", "-1"], "argument --temperature: must be a number >= 0"),
+    (["--top-p", "0"], "argument --top-p: must be a number in (0, 1], got '0'"),
+    (["--top-p", "1.5"], "argument --top-p: must be a number in (0, 1], got '1.5'"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["--methods", "ar,beam"], "argument --methods: unknown method 'beam'; allowed:"),
+    (["--methods", ","], "argument --methods: unknown method ','; allowed:"),
+    (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    (["--device", "tpu"], "argument --device: 'tpu' is not available here; allowed: auto, cpu"),
+    (["--gama", "3"], "unrecognized arguments: --gama 3"),
+    (["--prompts", "no/such/file.jsonl"], "argument --prompts: prompts file no/such/file.jsonl does not exist"),
+    (["--target", "no-such-model"], "argument --target: unknown model 'no-such-model'; known names:"),
+    (["--target", "tiny-llama", "--draft", "no-such-model"], "argument --draft: unknown model 'no-such-model'"),
+])
+def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
+    code, out, err = run_main(capsys, argv)
+    assert code == 2 and out == ""
+    assert err.startswith("bench: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_invalid_prompts_file(capsys, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": 1, "prompt": "ok"}\nnot json\n')
+    code, _, err = run_main(capsys, ["--prompts", str(path)])
+    assert code == 2 and f"argument --prompts: {path}:2: not valid JSON" in err and err.count("\n") == 1
+
+
+def test_out_must_not_be_a_folder(capsys, tmp_path):
+    code, _, err = run_main(capsys, ["--out", str(tmp_path)])
+    assert code == 2 and "argument --out:" in err and err.count("\n") == 1
+
+
+def test_draft_with_another_vocabulary_is_rejected_before_running(capsys, other_vocab_model):
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", str(other_vocab_model)])
+    assert code == 2 and out == ""
+    assert "argument --draft:" in err and "outputs 256 token ids" in err and "share the target's tokenizer" in err
+    assert err.count("\n") == 1
+
+
+def test_command_line_error_has_no_traceback():
+    process = subprocess.run([sys.executable, "-m", "specdec_utils.bench", "--gamma", "0"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2 and process.stdout == ""
+    assert process.stderr.strip().splitlines() == ["bench: error: argument --gamma: must be an integer >= 1, got '0'"]
+
+
+def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
+    """tiny-gpt2 as the draft of tiny-llama (same tokenizer, unrelated weights): greedy methods
+    must reproduce the target's greedy output whatever the draft proposes."""
+    out_file = tmp_path / "results" / "bench.json"
+    methods = ["ar", "greedy", "sampling", "hf-assisted"]
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", ",".join(methods),
+                                       "--prompts", str(prompts_file), "--max-new-tokens", "11", "--gamma", "3",
+                                       "--device", "cpu", "--out", str(out_file)])
+    assert code == 0, err
+    assert "speedup vs ar" in out and all(method in out for method in methods)
+    records = json.loads(out_file.read_text())
+    assert [(r["id"], r["method"]) for r in records] == [(i, m) for i in ("story", "chat") for m in methods]
+    for record in records:
+        assert RECORD_KEYS <= record.keys()
+        assert record["new_tokens"] == len(record["new_token_ids"]) <= 11
+        assert (record["gamma"], record["dtype"], record["device"]) == (3, "float32", "cpu")
+    by_key = {(r["id"], r["method"]): r for r in records}
+    for prompt_id in ("story", "chat"):
+        ar = by_key[prompt_id, "ar"]
+        assert ar["target_calls"] == ar["new_tokens"] and ar["drafted"] == 0
+        for method in ("greedy", "hf-assisted"):
+            assert by_key[prompt_id, method]["new_token_ids"] == ar["new_token_ids"]
+            assert by_key[prompt_id, method]["text"] == ar["text"]
+        for method in ("greedy", "sampling", "hf-assisted"):
+            record = by_key[prompt_id, method]
+            assert record["new_tokens"] == record["accepted"] + record["target_calls"]
+            assert record["draft_calls"] == record["drafted"] > 0
+
+
+def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
+    """Hugging Face would take our reduced-vocabulary draft for another tokenizer; the bench shows
+    it the full vocabulary size during the call, and greedy output then equals greedy decoding."""
+    target = tiny_model("tiny-llama", vocab_size=256).eval()
+    config = LlamaConfig(vocab_size=65, full_vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(1)
+    draft = ReducedVocabLlamaForCausalLM(config).eval()
+    draft.set_vocab(torch.arange(0, 256, 4))
+    input_ids = torch.tensor([[5, 80, 13, 200, 7]])
+    settings = {"gamma": 3, "top_p": 1.0, "seed": 0, "eos_token_id": 2, "pad_token_id": 2}
+    expected = autoregressive_generate(target, input_ids, 12, eos_token_id=2).new_token_ids
+    result = bench.generate("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
+    assert result.new_token_ids == expected
+    sampled = bench.generate("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
+    assert 1 <= len(sampled.new_token_ids) <= 12
+    assert draft.config.vocab_size == 65  # restored after the call
