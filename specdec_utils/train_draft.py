@@ -180,10 +180,42 @@ def distill_loss(draft, target, ids, mask):
     return (kl * m).sum() / m.sum(), (agree * m).sum() / m.sum()
 
 
+@torch.no_grad()
+def heldout_batch(target, tokenizer, rows: list[dict], continuations: list[list[int]]):
+    """(ids, mask of scored positions, target argmax) for a quick held-out agreement check."""
+    seqs, starts = [], []
+    for row, cont in zip(rows, continuations):
+        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        seqs.append(prompt + cont)
+        starts.append(len(prompt))
+    length = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), length, dtype=torch.long)
+    scored = torch.zeros(len(seqs), length, dtype=torch.bool)
+    for i, (s, n) in enumerate(zip(seqs, starts)):
+        ids[i, :len(s)] = torch.tensor(s)
+        scored[i, n - 1:len(s) - 1] = True  # positions whose next token is a continuation token
+    ids, scored = ids.to(target.device), scored.to(target.device)
+    mask = (torch.arange(length, device=ids.device)[None] < torch.tensor(list(map(len, seqs)), device=ids.device)[:, None]).long()
+    top1 = target(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+    return ids, mask, scored, top1
+
+
+@torch.no_grad()
+def heldout_agreement(draft, batch) -> float:
+    ids, mask, scored, top1 = batch
+    was_training = draft.training
+    draft.eval()
+    guess = draft.draft_to_full[draft.draft_logits(input_ids=ids, attention_mask=mask).logits[..., :-1].argmax(-1)]
+    draft.train(was_training)
+    return (guess == top1)[scored].float().mean().item()
+
+
 def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
-          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25) -> list[dict]:
+          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25,
+          heldout=None, heldout_every: int = 250) -> list[dict]:
     """AdamW with linear warm-up and cosine decay to 10% over `steps` or `time_budget_s`,
-    whichever ends first; bf16 autocast on CUDA. Returns the log."""
+    whichever ends first; bf16 autocast on CUDA. Returns the log; with `heldout` (from
+    `heldout_batch`), entries every `heldout_every` steps also carry held-out agreement."""
     device = target.device
     draft.to(device).train()
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -202,10 +234,15 @@ def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len
         kl.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        if step % log_every == 0 or step == steps - 1:
-            log.append({"step": step, "kl": kl.item(), "agreement": agree.item(),
-                        "lr": opt.param_groups[0]["lr"], "seconds": time.time() - start})
-        if done >= 1:
+        last = done >= 1 or step == steps - 1
+        if step % log_every == 0 or last:
+            entry = {"step": step, "kl": kl.item(), "agreement": agree.item(),
+                     "lr": opt.param_groups[0]["lr"], "seconds": time.time() - start}
+            if heldout is not None and (step % heldout_every == 0 or last):
+                with autocast:
+                    entry["heldout_agreement"] = heldout_agreement(draft, heldout)
+            log.append(entry)
+        if last:
             break
     draft.eval()
     return log
@@ -284,6 +321,7 @@ def parse_args(argv=None):
     ap.add_argument("--gen-budget-s", type=float, default=float("inf"))
     ap.add_argument("--train-budget-s", type=float, default=float("inf"), help="per draft")
     ap.add_argument("--corpus", type=Path, default=None, help="cache the corpus here (reused if present)")
+    ap.add_argument("--corpus-only", action="store_true", help="write --corpus and stop (train later, reusing it)")
     ap.add_argument("--out", type=Path, default=MODELS_DIR)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -294,6 +332,8 @@ def parse_args(argv=None):
     for arg in ("sequences", "new_tokens", "gen_batch", "vocab_size", "steps", "batch_size"):
         if getattr(args, arg) < 1:
             ap.error(f"--{arg.replace('_', '-')} must be >= 1, got {getattr(args, arg)}")
+    if args.corpus_only and not args.corpus:
+        ap.error("--corpus-only needs --corpus PATH (where to write the corpus)")
     args.names = names
     return args
 
@@ -315,6 +355,8 @@ def main(argv=None):
             torch.save(corpus, args.corpus)
     n_tokens = sum(len(s["ids"]) for s in corpus)
     print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
+    if args.corpus_only:
+        return 0
     vocab = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
     cont = torch.cat([torch.tensor(s["ids"][s["prompt_len"]:]) for s in corpus])
     coverage = torch.isin(cont, vocab).float().mean().item()
@@ -323,11 +365,13 @@ def main(argv=None):
     if args.eval_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
     continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
+    pick = random.Random(args.seed + 1).sample(range(len(eval_rows)), min(64, len(eval_rows)))
+    heldout = heldout_batch(target, tokenizer, [eval_rows[i] for i in pick], [continuations[i] for i in pick])
     for name in args.names:
         seed_everything(args.seed)
         draft = make_draft(name, target, vocab)
         log = train(draft, target, corpus, args.steps, args.batch_size, args.lr, seed=args.seed,
-                    time_budget_s=args.train_budget_s)
+                    time_budget_s=args.train_budget_s, heldout=heldout)
         draft = draft.to(dtype=torch.bfloat16)
         metrics = evaluate(draft, target, tokenizer, eval_rows, continuations=continuations)
         print(name, json.dumps(metrics), flush=True)
