@@ -11,7 +11,7 @@ from specdec_utils.speculative import autoregressive_generate, speculative_gener
 
 PROMPTS = [
     {"id": "raw-story", "prompt": "It was a cold morning when the robot", "chat": False},   # runs to 512
-    {"id": "chat-tips", "prompt": "Give me three tips for learning chess.", "chat": True},  # stops at EOS
+    {"id": "chat-haiku", "prompt": "Write a haiku about the sea.", "chat": True},  # stops at EOS (39 tokens)
 ]
 
 
