@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from .models import UnknownModelError, load_model
 from .prompts import eval_subset, format_prompt, load_prompts
@@ -190,10 +191,17 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
     torch.manual_seed(seed)  # Hugging Face samples from the global generator
-    with full_vocab_config(draft):
-        output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
-                                 max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                                 pad_token_id=pad_token_id, **sampling)
+    # transformers' own assisted-generation code passes the draft a generation config plus keyword
+    # arguments and then warns about it (a deprecation inside the library, nothing we pass): silence it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with full_vocab_config(draft):
+            output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
+                                     max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                                     pad_token_id=pad_token_id, **sampling)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return GenerationResult(new_token_ids=output[0, input_ids.shape[1]:].tolist(), drafted=-1, accepted=-1)
 
 

@@ -1,0 +1,129 @@
+"""Notebook 01's teaching implementation of greedy speculative decoding, run straight out of the notebook.
+
+The cells marked `# teaching implementation` (`greedy_round`, `greedy_speculative_generate`) must give
+the target's own greedy output and exactly what the package's `speculative_generate` gives: the same
+tokens, the same number of target passes, the same accepted drafts per round, across gammas, token
+budgets that end mid-round, and an EOS that falls inside a round. A draft that agrees often and one that
+rarely does exercise both long accepted prefixes and immediate rejections.
+"""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_utils.kv_cache import cache_length, trim_cache
+from specdec_utils.models import tiny_model
+from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_greedy_speculative_decoding.ipynb"
+MARKER = "# teaching implementation"
+VOCAB = 256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    """The namespace left by executing the notebook's teaching-implementation cells (and nothing else)."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    teaching = ["".join(cell["source"]) for cell in cells
+                if cell["cell_type"] == "code" and "".join(cell["source"]).startswith(MARKER)]
+    assert len(teaching) >= 2, f"expected the round and the loop in {NOTEBOOK.name}, found {len(teaching)}"
+    namespace = {"torch": torch, "forward_uncached": forward_uncached, "trim_cache": trim_cache,
+                 "cache_length": cache_length}
+    for source in teaching:
+        exec(compile(source, str(NOTEBOOK), "exec"), namespace)
+    return namespace
+
+
+def random_model(seed: int) -> torch.nn.Module:
+    """A tiny random Llama with an untied random head (a tied one mostly repeats its last token)."""
+    model = tiny_model("tiny-llama", vocab_size=VOCAB, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    hidden = model.get_input_embeddings().weight.shape[1]
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, hidden, generator=generator) / 8)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = random_model(0)
+    close = copy.deepcopy(target)
+    with torch.no_grad():
+        noise = torch.randn(close.lm_head.weight.shape, generator=torch.Generator().manual_seed(1))
+        close.lm_head.weight += 0.01 * noise
+    return target, {"close": close.eval(), "unrelated": random_model(2)}
+
+
+def prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("draft_name", ["close", "unrelated"])
+@pytest.mark.parametrize("gamma", [1, 3, 4])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 23])
+def test_teaching_loop_equals_target_and_package(notebook, models, draft_name, gamma, max_new_tokens):
+    target, drafts = models
+    draft = drafts[draft_name]
+    for seed, length in enumerate((1, 7)):
+        input_ids = prompt(length, seed)
+        new_ids, rounds = notebook["greedy_speculative_generate"](target, draft, input_ids, max_new_tokens, gamma)
+        plain = autoregressive_generate(target, input_ids, max_new_tokens).new_token_ids
+        package = speculative_generate(target, draft, input_ids, max_new_tokens, gamma=gamma)
+        assert new_ids == plain == package.new_token_ids
+        assert len(rounds) == package.target_calls  # one target pass per round
+        assert sum(k for k, _ in rounds) == package.drafted
+        assert sum(accepted for _, accepted in rounds) == package.accepted
+        assert all(0 <= accepted <= k <= gamma for k, accepted in rounds)
+
+
+def test_close_draft_is_accepted_often_and_unrelated_rarely(notebook, models):
+    """Guards the test above against being vacuous: both regimes really occur."""
+    target, drafts = models
+    rates = {}
+    for name, draft in drafts.items():
+        _, rounds = notebook["greedy_speculative_generate"](target, draft, prompt(5, 0), 40, 4)
+        rates[name] = sum(a for _, a in rounds) / sum(k for k, _ in rounds)
+    assert rates["close"] > 0.5 > rates["unrelated"]
+
+
+def test_teaching_loop_stops_at_eos_inside_a_round(notebook, models):
+    """Take an EOS id from the middle of the target's greedy output: the output must end right there."""
+    target, drafts = models
+    input_ids = prompt(4, 3)
+    plain = autoregressive_generate(target, input_ids, 30).new_token_ids
+    eos = next(token for i, token in enumerate(plain) if i >= 5 and token not in plain[:i])
+    expected = plain[:plain.index(eos) + 1]
+    for draft in drafts.values():
+        new_ids, _ = notebook["greedy_speculative_generate"](target, draft, input_ids, 30, 4, eos)
+        assert new_ids == expected
+        assert new_ids == speculative_generate(target, draft, input_ids, 30, gamma=4,
+                                               eos_token_id=eos).new_token_ids
+
+
+def test_greedy_round_rolls_both_caches_back(notebook, models):
+    """After one round the target's cache holds prompt + accepted drafts; the draft's no more than that."""
+    target, drafts = models
+    input_ids = prompt(6, 4)
+    for draft in drafts.values():
+        drafted, choice, accepted, target_cache, draft_cache = notebook["greedy_round"](
+            target, draft, input_ids, None, None, 4)
+        assert drafted.shape == (4,) and choice.shape == (5,)
+        assert torch.equal(drafted[:accepted], choice[:accepted])
+        assert accepted == 4 or drafted[accepted] != choice[accepted]
+        assert cache_length(target_cache) == 6 + accepted
+        assert cache_length(draft_cache) <= 6 + accepted
+        # The rolled-back cache continues exactly like a fresh pass over the committed text.
+        committed = torch.cat([input_ids, choice[None, :accepted + 1]], dim=1)
+        with torch.no_grad():
+            fresh = target(input_ids=committed).logits[0, -1]
+            cached, _ = forward_uncached(target, committed, target_cache)
+        torch.testing.assert_close(cached[-1], fresh, rtol=1e-4, atol=1e-4)
