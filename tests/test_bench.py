@@ -17,13 +17,7 @@ RECORD_KEYS = {"id", "method", "new_token_ids", "text", "wall_s", "new_tokens", 
                "accepted", "gamma", "temperature", "dtype", "device"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models are dominated by per-op overhead; one thread is fastest and steadiest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

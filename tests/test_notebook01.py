@@ -7,8 +7,6 @@ budgets that end mid-round, and an EOS that falls inside a round. A draft that a
 rarely does exercise both long accepted prefixes and immediate rejections.
 """
 import copy
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,32 +14,21 @@ import torch
 from specdec_utils.kv_cache import cache_length, trim_cache
 from specdec_utils.models import tiny_model
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
+from conftest import teaching_namespace
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_greedy_speculative_decoding.ipynb"
-MARKER = "# teaching implementation"
+NOTEBOOK = "01_greedy_speculative_decoding.ipynb"
 VOCAB = 256
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
 def notebook():
     """The namespace left by executing the notebook's teaching-implementation cells (and nothing else)."""
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    teaching = ["".join(cell["source"]) for cell in cells
-                if cell["cell_type"] == "code" and "".join(cell["source"]).startswith(MARKER)]
-    assert len(teaching) >= 2, f"expected the round and the loop in {NOTEBOOK.name}, found {len(teaching)}"
-    namespace = {"torch": torch, "forward_uncached": forward_uncached, "trim_cache": trim_cache,
-                 "cache_length": cache_length}
-    for source in teaching:
-        exec(compile(source, str(NOTEBOOK), "exec"), namespace)
-    return namespace
+    return teaching_namespace(NOTEBOOK, {"torch": torch, "forward_uncached": forward_uncached,
+                                         "trim_cache": trim_cache, "cache_length": cache_length},
+                              min_cells=2)
 
 
 def random_model(seed: int) -> torch.nn.Module:

@@ -4,40 +4,26 @@ The cells marked `# teaching implementation` (`draw`, `verify_draft`) must give 
 `specdec_utils.sampling.rejection_sample` from the same random numbers, and be exact in distribution
 by a check that a wrong rule (always accept, or resample from p) cannot pass by luck.
 """
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from specdec_utils.sampling import rejection_sample, sample_token, warp_logits
+from conftest import teaching_namespace
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_speculative_sampling.ipynb"
-MARKER = "# teaching implementation"
+NOTEBOOK = "02_speculative_sampling.ipynb"
 TRIALS = 4_000
 MAX_TV = 0.04  # sampling noise here is about 0.015 (0.02 for the second token); wrong rules score > 0.15
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
 def notebook():
     """The namespace left by executing the notebook's teaching-implementation cells (and nothing else)."""
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    sources = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
-    teaching = [source for source in sources if source.startswith(MARKER)]
-    assert teaching, f"no code cell of {NOTEBOOK.name} starts with {MARKER!r}"
-    namespace = {"torch": torch}
-    for source in teaching:
-        exec(compile(source, str(NOTEBOOK), "exec"), namespace)
-    return namespace
+    return teaching_namespace(NOTEBOOK, {"torch": torch})
 
 
 def sample_drafts(draft_probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -19,13 +19,7 @@ GAMMAS = (1, 2, 4, 7)
 FAMILIES = ("tiny-llama", "tiny-gpt2")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models are dominated by per-op overhead; one thread is fastest and steadiest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def random_model(family: str, seed: int, vocab: int = VOCAB) -> torch.nn.Module:

@@ -11,12 +11,7 @@ from specdec_utils.models import ReducedVocabLlamaForCausalLM, tiny_model
 V = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_draft(vocab_ids):
