@@ -1,12 +1,16 @@
 """Fixtures and helpers shared by the test modules."""
+import copy
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from specdec_utils.models import tiny_model
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TEACHING_MARKER = "# teaching implementation"
+TINY_VOCAB = 256
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +36,28 @@ def teaching_namespace(notebook_name: str, namespace: dict, min_cells: int = 1) 
     for source in teaching:
         exec(compile(source, str(path), "exec"), namespace)
     return namespace
+
+
+def random_model(family: str, seed: int, vocab: int = TINY_VOCAB) -> torch.nn.Module:
+    """A tiny random model with an untied random output head. (With the head tied to the
+    embeddings, a random model mostly repeats its last token, which makes tests trivial.)"""
+    model = tiny_model(family, vocab_size=vocab, seed=seed)
+    hidden = model.get_input_embeddings().weight.shape[1]
+    generator = torch.Generator().manual_seed(seed)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, hidden, generator=generator) / 8)
+    return model.eval()
+
+
+def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
+    """A draft that agrees with `model` often but not always: its head plus Gaussian noise."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head = draft.lm_head.weight
+        draft.lm_head.weight = torch.nn.Parameter(head + noise * torch.randn(head.shape, generator=generator))
+    return draft
+
+
+def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> torch.Tensor:
+    """[1, length] random token ids, avoiding the tiny models' special ids 0-2."""
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))

@@ -6,18 +6,14 @@ tokens, the same number of target passes, the same accepted drafts per round, ac
 budgets that end mid-round, and an EOS that falls inside a round. A draft that agrees often and one that
 rarely does exercise both long accepted prefixes and immediate rejections.
 """
-import copy
-
 import pytest
 import torch
 
 from specdec_utils.kv_cache import cache_length, trim_cache
-from specdec_utils.models import tiny_model
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
-from conftest import teaching_namespace
+from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "01_greedy_speculative_decoding.ipynb"
-VOCAB = 256
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -31,27 +27,11 @@ def notebook():
                               min_cells=2)
 
 
-def random_model(seed: int) -> torch.nn.Module:
-    """A tiny random Llama with an untied random head (a tied one mostly repeats its last token)."""
-    model = tiny_model("tiny-llama", vocab_size=VOCAB, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    hidden = model.get_input_embeddings().weight.shape[1]
-    model.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, hidden, generator=generator) / 8)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def models():
-    target = random_model(0)
-    close = copy.deepcopy(target)
-    with torch.no_grad():
-        noise = torch.randn(close.lm_head.weight.shape, generator=torch.Generator().manual_seed(1))
-        close.lm_head.weight += 0.01 * noise
-    return target, {"close": close.eval(), "unrelated": random_model(2)}
-
-
-def prompt(length: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+    target = random_model("tiny-llama", seed=0)
+    return target, {"close": noisy_copy(target, noise=0.01, seed=1),
+                    "unrelated": random_model("tiny-llama", seed=2)}
 
 
 @pytest.mark.parametrize("draft_name", ["close", "unrelated"])
@@ -61,7 +41,7 @@ def test_teaching_loop_equals_target_and_package(notebook, models, draft_name, g
     target, drafts = models
     draft = drafts[draft_name]
     for seed, length in enumerate((1, 7)):
-        input_ids = prompt(length, seed)
+        input_ids = random_prompt(length, seed)
         new_ids, rounds = notebook["greedy_speculative_generate"](target, draft, input_ids, max_new_tokens, gamma)
         plain = autoregressive_generate(target, input_ids, max_new_tokens).new_token_ids
         package = speculative_generate(target, draft, input_ids, max_new_tokens, gamma=gamma)
@@ -77,7 +57,7 @@ def test_close_draft_is_accepted_often_and_unrelated_rarely(notebook, models):
     target, drafts = models
     rates = {}
     for name, draft in drafts.items():
-        _, rounds = notebook["greedy_speculative_generate"](target, draft, prompt(5, 0), 40, 4)
+        _, rounds = notebook["greedy_speculative_generate"](target, draft, random_prompt(5, 0), 40, 4)
         rates[name] = sum(a for _, a in rounds) / sum(k for k, _ in rounds)
     assert rates["close"] > 0.5 > rates["unrelated"]
 
@@ -85,7 +65,7 @@ def test_close_draft_is_accepted_often_and_unrelated_rarely(notebook, models):
 def test_teaching_loop_stops_at_eos_inside_a_round(notebook, models):
     """Take an EOS id from the middle of the target's greedy output: the output must end right there."""
     target, drafts = models
-    input_ids = prompt(4, 3)
+    input_ids = random_prompt(4, 3)
     plain = autoregressive_generate(target, input_ids, 30).new_token_ids
     eos = next(token for i, token in enumerate(plain) if i >= 5 and token not in plain[:i])
     expected = plain[:plain.index(eos) + 1]
@@ -99,7 +79,7 @@ def test_teaching_loop_stops_at_eos_inside_a_round(notebook, models):
 def test_greedy_round_rolls_both_caches_back(notebook, models):
     """After one round the target's cache holds prompt + accepted drafts; the draft's no more than that."""
     target, drafts = models
-    input_ids = prompt(6, 4)
+    input_ids = random_prompt(6, 4)
     for draft in drafts.values():
         drafted, choice, accepted, target_cache, draft_cache = notebook["greedy_round"](
             target, draft, input_ids, None, None, 4)

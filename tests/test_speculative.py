@@ -8,12 +8,13 @@ import math
 import pytest
 import torch
 
-from specdec_utils.models import UnknownModelError, load_model, tiny_model
+from specdec_utils.models import UnknownModelError, load_model
 from specdec_utils.prompts import eval_subset, format_prompt
 from specdec_utils.sampling import warp_logits
 from specdec_utils.speculative import autoregressive_generate, speculative_generate
+from conftest import TINY_VOCAB, noisy_copy, random_model, random_prompt
 
-VOCAB = 256
+VOCAB = TINY_VOCAB
 MAX_NEW_TOKENS = 29  # not a multiple of any gamma > 1 below
 GAMMAS = (1, 2, 4, 7)
 FAMILIES = ("tiny-llama", "tiny-gpt2")
@@ -22,31 +23,7 @@ FAMILIES = ("tiny-llama", "tiny-gpt2")
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def random_model(family: str, seed: int, vocab: int = VOCAB) -> torch.nn.Module:
-    """A tiny random model with an untied random output head. (With the head tied to the
-    embeddings, a random model mostly repeats its last token, which makes tests trivial.)"""
-    model = tiny_model(family, vocab_size=vocab, seed=seed)
-    hidden = model.get_input_embeddings().weight.shape[1]
-    generator = torch.Generator().manual_seed(seed)
-    model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, hidden, generator=generator) / 8)
-    return model.eval()
-
-
-def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
-    """A draft that agrees with `model` often but not always: its head plus Gaussian noise."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        head = draft.lm_head.weight
-        draft.lm_head.weight = torch.nn.Parameter(head + noise * torch.randn(head.shape, generator=generator))
-    return draft
-
-
-def prompt(length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
-    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
-PROMPTS = [prompt(length, seed) for seed, length in enumerate((1, 6, 17))]
+PROMPTS = [random_prompt(length, seed) for seed, length in enumerate((1, 6, 17))]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -178,7 +155,7 @@ def test_speculative_sampling_follows_the_target_distribution(top_p):
     as under the target's own sampling, although the draft's distribution is far from it."""
     target = random_model("tiny-llama", seed=0, vocab=STAT_VOCAB)
     draft = random_model("tiny-llama", seed=1, vocab=STAT_VOCAB)
-    input_ids = prompt(5, seed=0, vocab=STAT_VOCAB)
+    input_ids = random_prompt(5, seed=0, vocab=STAT_VOCAB)
     warp = {"temperature": 1.0, "top_p": top_p}
     first, second = exact_first_two_marginals(target, input_ids, **warp)
     draft_first = warp_logits(draft(input_ids=input_ids).logits[0, -1].detach(), **warp)
@@ -194,7 +171,7 @@ def test_speculative_sampling_follows_the_target_distribution(top_p):
 
 def test_autoregressive_sampling_follows_the_target_distribution():
     target = random_model("tiny-llama", seed=0, vocab=STAT_VOCAB)
-    input_ids = prompt(5, seed=0, vocab=STAT_VOCAB)
+    input_ids = random_prompt(5, seed=0, vocab=STAT_VOCAB)
     first, second = exact_first_two_marginals(target, input_ids, temperature=1.0)
     generator = torch.Generator().manual_seed(0)
     samples = torch.tensor([autoregressive_generate(target, input_ids, 2, temperature=1.0,
