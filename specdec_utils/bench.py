@@ -1,15 +1,19 @@
-"""Benchmark command line: time plain decoding, our speculative decoding and Hugging Face's
+"""Benchmark command line: time plain decoding, our speculative decoding methods and Hugging Face's
 assisted generation on the same prompts, and count every forward pass.
 
     python -m specdec_utils.bench --target smollm2-135m --draft draft-m \\
         --methods ar,greedy,sampling,hf-assisted --max-new-tokens 64 --gamma 4 --out bench.json
+    python -m specdec_utils.bench --methods ar,greedy,entropy-stop,adaptive-hf,oracle \\
+        --param entropy-stop.tau=2.5 --dtype bfloat16
 
-Methods: `ar` (the target alone, `speculative.autoregressive_generate`, at --temperature),
-`greedy` (`speculative_generate` at temperature 0), `sampling` (`speculative_generate` at
---temperature and --top-p), `hf-assisted` (`target.generate(assistant_model=draft)` with a constant
-gamma, the same algorithm as ours: Leviathan et al. 2023). Forward passes are counted with forward
-hooks on both models, so every method is measured the same way. Bad arguments exit with status 2
-and one line on stderr.
+Methods: every method of `specdec_utils.generate` (`methods.METHODS`), plus `hf-assisted`
+(`target.generate(assistant_model=draft)` with a constant gamma, the same algorithm as `greedy`:
+Leviathan et al. 2023). `greedy` and `oracle` always decode greedily; every other method at
+--temperature and --top-p (`ar` at temperature 0 is plain greedy decoding). `oracle` is given the
+target's greedy output, computed untimed first. `--param METHOD.NAME=VALUE` sets a policy's
+parameter (`methods.policy_parameters`). Forward passes are counted with forward hooks on both
+models, so every method is measured the same way; each record also holds the sums of the engine's
+per-round statistics. Bad arguments exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
@@ -18,17 +22,20 @@ import json
 import math
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
 
+from . import methods as engine_methods
+from .engine import GenerationResult
 from .models import UnknownModelError, load_model
 from .prompts import eval_subset, format_prompt, load_prompts
-from .speculative import GenerationResult, autoregressive_generate, speculative_generate
-from .utils import get_device, timer
+from .utils import device_summary, get_device, timer
 
-METHODS = ("ar", "greedy", "sampling", "hf-assisted")
+METHODS = (*engine_methods.METHODS, "hf-assisted")
+GREEDY_METHODS = ("greedy", "oracle")  # decode greedily whatever --temperature says
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -83,6 +90,27 @@ def _methods(text: str) -> list[str]:
     return methods
 
 
+def _param(text: str) -> tuple[str, str, object]:
+    """METHOD.NAME=VALUE -> (method, name, value); the value is read as a Python literal if it is one
+    (a number, True/False, None), else kept as a string."""
+    import ast
+    key, sep, value = text.partition("=")
+    method, dot, name = key.rpartition(".")
+    if not (sep and dot and method and name):
+        raise argparse.ArgumentTypeError(f"must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got {text!r}")
+    if method not in engine_methods.METHODS:
+        raise argparse.ArgumentTypeError(f"unknown method {method!r} in {text!r}; allowed: {', '.join(engine_methods.METHODS)}")
+    allowed = [p for p in engine_methods.policy_parameters(method) if p not in ("reference", "head", "draft")]
+    if name not in allowed:
+        raise argparse.ArgumentTypeError(f"unknown parameter {name!r} for method {method!r}; allowed: "
+                                         f"{', '.join(allowed) if allowed else 'none'}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return method, name, parsed
+
+
 def _device(text: str) -> torch.device:
     available = ["auto", "cpu"] + ["cuda"] * torch.cuda.is_available() + ["mps"] * torch.backends.mps.is_available()
     try:
@@ -107,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=_type(_at_least(1), "an integer >= 1"), default=64)
     parser.add_argument("--gamma", type=_type(_at_least(1), "an integer >= 1"), default=4,
                         help="tokens drafted per round (default: %(default)s)")
+    parser.add_argument("--param", type=_param, action="append", default=[], metavar="METHOD.NAME=VALUE",
+                        help="a policy parameter, e.g. entropy-stop.tau=2.5 (repeatable)")
     parser.add_argument("--temperature", type=_type(_temperature, "a number >= 0 (0 means greedy)"),
-                        default=0.0, help="for ar, sampling and hf-assisted (default: %(default)s)")
+                        default=0.0, help="for every method but greedy and oracle (default: %(default)s)")
     parser.add_argument("--top-p", type=_type(_top_p, "a number in (0, 1]"), default=1.0)
     parser.add_argument("--seed", type=_type(int, "an integer"), default=0)
     parser.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or mps")
@@ -144,6 +174,17 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
                          f"{target_vocab} with {len(tokenizer)}; the draft must share the target's tokenizer")
 
 
+def check_policy(method: str, gamma: int, params: dict, draft) -> None:
+    """Build the method's policy once before running, so that a bad parameter value or a missing
+    stop head is one line on stderr, not a traceback after minutes of benchmarking."""
+    if method == "oracle":
+        params = {**params, "reference": []}
+    try:
+        engine_methods.make_policy(method, gamma, params, draft)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"argument --param: {err}") from None
+
+
 class ForwardCounter:
     """Counts the forward passes of a model (its top-level module) with a forward hook."""
 
@@ -175,16 +216,16 @@ def full_vocab_config(draft):
 
 
 def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
-             temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id) -> GenerationResult:
-    """Run one method on one prompt. `drafted`/`accepted` are -1 where the method does not say."""
-    if method == "ar":
-        return autoregressive_generate(target, input_ids, max_new_tokens, temperature=temperature, top_p=top_p,
-                                       eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed))
-    if method in ("greedy", "sampling"):
-        temperature = 0.0 if method == "greedy" else temperature
-        return speculative_generate(target, draft, input_ids, max_new_tokens, gamma=gamma,
-                                    temperature=temperature, top_p=top_p, eos_token_id=eos_token_id,
-                                    generator=torch.Generator().manual_seed(seed))
+             temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
+             params: dict | None = None) -> GenerationResult:
+    """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
+    (`greedy` and `oracle` at temperature 0), `hf-assisted` through Hugging Face. `drafted` and
+    `accepted` are -1 where the method does not say."""
+    if method != "hf-assisted":
+        return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
+                                       temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
+                                       eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
+                                       params=params)
     draft.generation_config.num_assistant_tokens = gamma
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0  # always draft gamma tokens
@@ -205,53 +246,96 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
     return GenerationResult(new_token_ids=output[0, input_ids.shape[1]:].tolist(), drafted=-1, accepted=-1)
 
 
-def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list[str], max_new_tokens: int,
-                  gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device) -> list[dict]:
-    """One record per (prompt, method). Each method first runs once, untimed, on the first prompt
-    with the full token budget: on a GPU, short warm-ups leave kernel and allocator set-up for
-    longer sequences inside the first timed prompt."""
+@dataclass(frozen=True)
+class Variant:
+    """One benchmarked configuration: `method` run with its own `gamma` and policy `params`, reported
+    under `label` (e.g. Variant("fixed-6", "greedy", gamma=6))."""
+    label: str
+    method: str
+    gamma: int | None = None
+    params: dict = field(default_factory=dict)
+
+
+def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
+                  gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
+                  params: dict[str, dict] | None = None) -> list[dict]:
+    """One record per (prompt, method). `methods` holds method names (run with `gamma` and
+    `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
+    the same state. Each method first runs once, untimed, on the first prompt with the full token
+    budget: on a GPU, short warm-ups leave kernel and allocator set-up for longer sequences inside
+    the first timed prompt. `oracle` gets the target's greedy output of each prompt, computed untimed."""
+    params = params or {}
+    variants = [m if isinstance(m, Variant) else Variant(m, m, gamma, params.get(m, {})) for m in methods]
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(device) for row in rows]
-    settings = {"gamma": gamma, "temperature": temperature, "top_p": top_p, "seed": seed,
+    settings = {"temperature": temperature, "top_p": top_p, "seed": seed,
                 "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    for method in methods:
-        generate(method, target, draft, encoded[0], max_new_tokens, **settings)
+    references = [engine_methods.generate(target, ids, max_new_tokens, method="ar",
+                                          eos_token_id=tokenizer.eos_token_id).new_token_ids
+                  for ids in encoded] if any(v.method == "oracle" for v in variants) else [None] * len(rows)
+
+    def run(variant, input_ids, reference):
+        chosen = {**variant.params, "reference": reference} if variant.method == "oracle" else dict(variant.params)
+        return generate(variant.method, target, draft, input_ids, max_new_tokens, gamma=variant.gamma or gamma,
+                        params=chosen, **settings)
+
+    for variant in variants:
+        run(variant, encoded[0], references[0])
+    device_name = device_summary(device)
+    if torch.device(device).type == "cpu":
+        device_name += f" | {torch.backends.cpu.get_cpu_capability()}"
 
     records = []
-    for row, input_ids in zip(rows, encoded):
-        for method in methods:
+    for row, input_ids, reference in zip(rows, encoded, references):
+        for variant in variants:
             target_calls, draft_calls = ForwardCounter(target), ForwardCounter(draft)
             try:
                 with timer(device) as elapsed:
-                    result = generate(method, target, draft, input_ids, max_new_tokens, **settings)
+                    result = run(variant, input_ids, reference)
             finally:
                 target_calls.remove()
                 draft_calls.remove()
             new_tokens = len(result.new_token_ids)
-            if method == "hf-assisted":  # each target pass verifies a round: accepted + 1 tokens
+            if variant.method == "hf-assisted":  # each target pass verifies a round: accepted + 1 tokens
                 result.drafted, result.accepted = draft_calls.calls, new_tokens - target_calls.calls
             records.append({
-                "id": row["id"], "method": method, "new_token_ids": result.new_token_ids,
+                "id": row["id"], "category": row.get("category"), "method": variant.label,
+                "engine_method": variant.method, "new_token_ids": result.new_token_ids,
                 "text": tokenizer.decode(result.new_token_ids, skip_special_tokens=True),
                 "wall_s": elapsed.seconds, "new_tokens": new_tokens, "target_calls": target_calls.calls,
                 "draft_calls": draft_calls.calls, "drafted": result.drafted, "accepted": result.accepted,
-                "gamma": gamma, "temperature": 0.0 if method == "greedy" else temperature, "top_p": top_p,
-                "dtype": dtype_name, "device": str(device)})
+                "gamma": variant.gamma or gamma,
+                "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
+                "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
+                **result.round_sums()})
     return records
+
+
+def tokens_per_second(records: list[dict], category: str | None = None) -> dict[str, float]:
+    """Per method (label): total new tokens / total wall time, over all records or one category's."""
+    chosen = [r for r in records if category in (None, r.get("category"))]
+    methods = dict.fromkeys(r["method"] for r in chosen)
+    return {m: sum(r["new_tokens"] for r in chosen if r["method"] == m) / sum(r["wall_s"] for r in chosen if r["method"] == m)
+            for m in methods}
 
 
 def summary_table(records: list[dict]) -> str:
     """Per method: tokens/s (total new tokens / total wall time), new tokens per target forward
-    pass (the mean accepted length, plus one), acceptance rate, and speedup over `ar`."""
+    pass (the mean accepted length, plus one), acceptance rate (accepted / drafted), rejected draft
+    tokens per output token, draft forwards per output token, and speedup over `ar`."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     totals = {m: {key: sum(r[key] for r in records if r["method"] == m)
-                  for key in ("new_tokens", "wall_s", "target_calls", "drafted", "accepted")} for m in methods}
+                  for key in ("new_tokens", "wall_s", "target_calls", "draft_calls", "drafted", "accepted")}
+              for m in methods}
     speed = {m: t["new_tokens"] / t["wall_s"] for m, t in totals.items()}
-    lines = [f"{'method':<12} {'tokens/s':>9} {'tokens/target call':>19} {'acceptance':>11} {'speedup vs ar':>14}"]
+    lines = [f"{'method':<16} {'tokens/s':>9} {'tokens/target call':>19} {'acceptance':>11} {'wasted/token':>13} "
+             f"{'draft calls/token':>18} {'speedup vs ar':>14}"]
     for method, total in totals.items():
-        acceptance = f"{total['accepted'] / total['drafted']:.2f}" if total["drafted"] > 0 else "-"
+        drafted = total["drafted"] > 0
+        acceptance = f"{total['accepted'] / total['drafted']:.2f}" if drafted else "-"
+        wasted = f"{(total['drafted'] - total['accepted']) / total['new_tokens']:.2f}" if drafted else "-"
         speedup = f"{speed[method] / speed['ar']:.2f}x" if "ar" in speed else "-"
-        lines.append(f"{method:<12} {speed[method]:>9.1f} {total['new_tokens'] / total['target_calls']:>19.2f} "
-                     f"{acceptance:>11} {speedup:>14}")
+        lines.append(f"{method:<16} {speed[method]:>9.1f} {total['new_tokens'] / total['target_calls']:>19.2f} "
+                     f"{acceptance:>11} {wasted:>13} {total['draft_calls'] / total['new_tokens']:>18.2f} {speedup:>14}")
     return "\n".join(lines)
 
 
@@ -263,10 +347,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_prompts(args.prompts)
         dtype = DTYPES[args.dtype]
         target, tokenizer = load(args.target, "--target", args.device, dtype)
+        params = {}
+        for method, name, value in args.param:
+            if method not in args.methods:
+                raise UsageError(f"argument --param: method {method!r} is not in --methods")
+            params.setdefault(method, {})[name] = value
         draft = None
         if any(method != "ar" for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
+            for method in args.methods:
+                if method in engine_methods.METHODS and method != "ar":
+                    check_policy(method, args.gamma, params.get(method, {}), draft)
     except UsageError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
@@ -275,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
           f"gamma {args.gamma}, temperature {args.temperature}, top-p {args.top_p} | "
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
-                            args.temperature, args.top_p, args.seed, args.dtype, args.device)
+                            args.temperature, args.top_p, args.seed, args.dtype, args.device, params)
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -78,3 +78,27 @@ def _any(xp, mask) -> bool:
 
 def _finish(result, scalar: bool):
     return float(result) if scalar else result
+
+
+def acceptance_by_position(rounds, max_position: int) -> np.ndarray:
+    """Measured a_i, i = 1..max_position: the fraction of rounds that drafted token i, after
+    tokens 1..i-1 were all accepted, in which the target accepted token i (`engine.RoundStats`
+    records: `drafted`, `accepted`). NaN where no round got that far."""
+    reached = np.zeros(max_position)
+    kept = np.zeros(max_position)
+    for r in rounds:
+        for i in range(min(r.drafted, r.accepted + 1, max_position)):  # judged: accepted ones + first rejected
+            reached[i] += 1
+            kept[i] += i < r.accepted
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return kept / reached
+
+
+def expected_tokens_per_round(acceptance, gamma: int) -> float:
+    """E[tokens per round] = 1 + sum_{i=1..gamma} prod_{j<=i} a_j for a round that drafts gamma
+    tokens, where a_j = P(token j accepted | tokens before it accepted) (`acceptance[j-1]`). With a
+    constant a_j = alpha this is `expected_accepted_length(alpha, gamma)` (Leviathan et al. Eq. 1)."""
+    a = np.asarray(acceptance, dtype=np.float64)[:gamma]
+    if len(a) < gamma:
+        raise ValueError(f"need acceptance for {gamma} positions, got {len(a)}")
+    return float(1 + np.cumprod(a).sum())

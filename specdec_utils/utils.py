@@ -110,7 +110,7 @@ def set_plot_style() -> None:
     plt.rcParams.update({"figure.figsize": (7, 4), "figure.dpi": 100, "savefig.dpi": 120,
                          "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False, "font.size": 10, "axes.titlesize": 11,
-                         "legend.frameon": False})
+                         "legend.frameon": False, "figure.constrained_layout.use": True})
 
 
 def save_figure(fig, name: str, directory: Path | None = None) -> Path:
@@ -127,3 +127,21 @@ def save_figure(fig, name: str, directory: Path | None = None) -> Path:
     path = directory / f"{name}.png"
     fig.savefig(path, bbox_inches="tight")
     return path
+
+
+@torch.no_grad()
+def forward_ms(model, num_new: int, cached: int = 48, repeats: int = 10, vocab_size: int | None = None) -> float:
+    """Median milliseconds of one forward pass of `model` over `num_new` tokens on top of a KV cache of
+    `cached` positions (rolled back after every pass). Token values do not matter for timing, so
+    they are random; `vocab_size` bounds them (default: the model's input embedding size)."""
+    from .kv_cache import trim_cache
+    device = next(model.parameters()).device
+    vocab_size = vocab_size or model.get_input_embeddings().num_embeddings
+    ids = torch.randint(vocab_size, (1, cached + num_new), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = model(input_ids=ids[:, :cached], use_cache=True).past_key_values
+
+    def step():
+        model(input_ids=ids[:, cached:], past_key_values=cache, use_cache=True)
+        trim_cache(cache, cached)
+
+    return time_fn(step, repeats=repeats, warmup=2, device=device)["median"] * 1e3

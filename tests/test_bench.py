@@ -57,6 +57,19 @@ def run_main(capsys, argv):
     (["--device", "tpu"], "argument --device: 'tpu' is not available here; allowed: auto, cpu"),
     (["--gama", "3"], "unrecognized arguments: --gama 3"),
     (["--prompts", "no/such/file.jsonl"], "argument --prompts: prompts file no/such/file.jsonl does not exist"),
+    (["--methods", "ar,entropy"], "argument --methods: unknown method 'entropy'; allowed:"),
+    (["--param", "tau=2"], "argument --param: must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got 'tau=2'"),
+    (["--param", "entropy.tau=2"], "argument --param: unknown method 'entropy' in 'entropy.tau=2'; allowed: ar,"),
+    (["--param", "entropy-stop.tua=2"], "argument --param: unknown parameter 'tua' for method 'entropy-stop'; "
+                                        "allowed: tau, tau0, max_gamma"),
+    (["--param", "greedy.tau=2"], "argument --param: unknown parameter 'tau' for method 'greedy'; allowed: none"),
+    (["--param", "adaedl.lam0=0.5"], "argument --param: method 'adaedl' is not in --methods"),
+    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"],
+     "argument --param: tau must be a number >= 0 (nats) or None (adaptive), got -1"),
+    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "confidence-stop",
+      "--param", "confidence-stop.threshold=high"], "argument --param: threshold must be a probability in [0, 1], got 'high'"),
+    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "learned-stop"],
+     "argument --param: method 'learned-stop' needs a stop head for this draft"),
     (["--target", "no-such-model"], "argument --target: unknown model 'no-such-model'; known names:"),
     (["--target", "tiny-llama", "--draft", "no-such-model"], "argument --draft: unknown model 'no-such-model'"),
 ])
@@ -120,6 +133,30 @@ def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
             record = by_key[prompt_id, method]
             assert record["new_tokens"] == record["accepted"] + record["target_calls"]
             assert record["draft_calls"] == record["drafted"] > 0
+
+
+def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tmp_path):
+    """The drafting policies of notebooks 03 and 04 through the CLI, greedy: each reproduces `ar`,
+    and each record carries the sums of the per-round statistics."""
+    out_file = tmp_path / "policies.json"
+    methods = ["ar", "greedy", "adaptive-hf", "adaptive-dual", "oracle", "entropy-stop", "confidence-stop", "adaedl"]
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", ",".join(methods),
+                                       "--prompts", str(prompts_file), "--max-new-tokens", "9", "--device", "cpu",
+                                       "--param", "entropy-stop.tau=1.5", "--param", "adaedl.lam0=0.5",
+                                       "--out", str(out_file)])
+    assert code == 0, err
+    records = json.loads(out_file.read_text())
+    by_key = {(r["id"], r["method"]): r for r in records}
+    for prompt_id in ("story", "chat"):
+        for method in methods:
+            record = by_key[prompt_id, method]
+            assert record["new_token_ids"] == by_key[prompt_id, "ar"]["new_token_ids"]
+            assert record["rounds"] == record["target_calls"]
+            assert sum(record["stops"].values()) == record["rounds"]
+            assert min(record["draft_ms"], record["verify_ms"], record["bookkeeping_ms"]) >= 0
+        assert by_key[prompt_id, "entropy-stop"]["params"] == {"tau": 1.5}
+        assert by_key[prompt_id, "oracle"]["accepted"] == by_key[prompt_id, "oracle"]["drafted"]
+    assert "wasted/token" in out and "draft calls/token" in out
 
 
 def test_hf_assisted_accepts_a_reduced_vocabulary_draft():

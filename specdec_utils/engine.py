@@ -1,0 +1,374 @@
+"""One decode loop for every method of the course, with small pluggable parts.
+
+A round of speculative decoding has four steps, and each is one part here:
+
+1. **propose**: a *proposer* returns the round's candidate tokens (and, when sampling, the
+   distributions they were drawn from). `DraftModelProposer` is the two-model draft of notebooks
+   01-02; `NoDraft` proposes nothing, which turns the loop into plain decoding (`ar`).
+2. **how many**: a *drafting policy* (`policies.py`) chooses gamma for the round and may stop the
+   proposer mid-round (notebooks 03 and 04).
+3. **verify**: one target forward over the candidates, then `verify` keeps a prefix plus one
+   target token: greedy (`greedy_verify`) or lossless rejection sampling (`rejection_sample`).
+4. **commit**: the committed tokens are appended, the target's cache and the proposer's caches
+   are rolled back to them, and the policy observes the round.
+
+`decode` is that loop; `generate` (the public entry point) picks the parts from a method name.
+Compared with vLLM (proposer / scorer / rejection sampler) and Hugging Face (`CandidateGenerator`
+plus the assisted-decoding loop), the split is the same, without batching or model runners.
+
+The one rule that keeps caches right: a cache only ever holds committed tokens at the start of a
+round, and each forward feeds a model every token its cache has not seen yet (`forward_uncached`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from .kv_cache import cache_length, trim_cache
+from .sampling import rejection_sample, sample_token, warp_logits
+
+
+# --------------------------------------------------------------------------- results
+@dataclass
+class RoundStats:
+    """What one round did (seed 004's `IterationStats`). `gamma` is the policy's choice for the
+    round, `drafted` the tokens actually proposed, `accepted` how many the target kept; `stop` says
+    why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token budget left no
+    room for more), "no draft" (plain decoding), or the policy's own reason ("entropy", ...).
+    `draft_forwards` counts draft passes (a policy that stops *before* a token has paid for the
+    pass that told it to stop). Times are wall-clock milliseconds on the host."""
+    gamma: int
+    drafted: int
+    accepted: int
+    stop: str
+    draft_forwards: int
+    new_tokens: int
+    draft_ms: float
+    verify_ms: float
+    bookkeeping_ms: float
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced and what it cost.
+
+    `target_calls` and `draft_calls` count forward passes (the prefill included); `drafted` and
+    `accepted` count draft tokens proposed and accepted by the target, and
+    `accepted_per_position[i]` how often draft position i (0-based) was accepted. `rounds` holds one
+    `RoundStats` per target pass (empty for methods that run outside the engine).
+    """
+    new_token_ids: list[int] = field(default_factory=list)
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    rounds: list[RoundStats] = field(default_factory=list)
+    method: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens the target accepted (accepted / drafted)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """New tokens per target forward pass: 1 for plain decoding, up to gamma + 1."""
+        return len(self.new_token_ids) / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def wasted_per_token(self) -> float:
+        """Rejected draft tokens per output token: draft work the target threw away."""
+        return (self.drafted - self.accepted) / len(self.new_token_ids) if self.new_token_ids else float("nan")
+
+    def round_sums(self) -> dict:
+        """Sums over `rounds` (what the bench JSON records): time per part and stop reasons."""
+        stops: dict[str, int] = {}
+        for r in self.rounds:
+            stops[r.stop] = stops.get(r.stop, 0) + 1
+        return {"rounds": len(self.rounds),
+                "draft_ms": sum(r.draft_ms for r in self.rounds),
+                "verify_ms": sum(r.verify_ms for r in self.rounds),
+                "bookkeeping_ms": sum(r.bookkeeping_ms for r in self.rounds),
+                "stops": stops}
+
+
+# --------------------------------------------------------------------------- sampling settings
+@dataclass(frozen=True)
+class Sampler:
+    """How tokens are chosen: greedy at temperature 0, else sampled from the warped distribution
+    (temperature, then top-k, then top-p; `sampling.warp_logits`). The draft and the target are
+    warped with the same settings, which keeps speculative sampling lossless and its acceptance high."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_logits(logits, self.temperature, self.top_k, self.top_p)
+
+
+# --------------------------------------------------------------------------- proposing
+@dataclass
+class DraftStep:
+    """One token the draft is about to propose, as a drafting policy sees it. `position` counts
+    from 0 within the round, `index` within the whole generation (tokens already committed +
+    position). `probs` is the distribution the token is sampled from (None when greedy); the
+    derived `confidence_probs`, `entropy` and `token_prob` use the draft's plain softmax
+    (temperature 1) when greedy, so that they still measure how sure the draft is.
+
+    When sampling, `stop_before` is asked before the token is drawn, so it cannot read `token`
+    (or `token_prob`): a rule that dropped a token because of which token it was would hand the
+    verifier tokens that are not distributed as `probs`, and the output would no longer be the
+    target's. `stop_after` sees the drawn token; greedy tokens (the argmax) are always visible."""
+    position: int
+    index: int
+    logits: torch.Tensor
+    drawn: int | None  # the token, once drawn
+    probs: torch.Tensor | None
+    hidden: torch.Tensor | None = None  # the draft's last hidden state here, if a policy asked
+    context: torch.Tensor | None = None  # [1, n]: prompt, committed tokens and this round's drafts before it
+
+    @property
+    def token(self) -> int:
+        if self.drawn is None:
+            raise RuntimeError("a sampled draft token is drawn after stop_before: a stop decision that reads "
+                               "it would bias the proposal, so read step.probs / step.entropy there, or the "
+                               "token in stop_after")
+        return self.drawn
+
+    @cached_property
+    def confidence_probs(self) -> torch.Tensor:
+        return self.probs if self.probs is not None else self.logits.float().softmax(-1)
+
+    @cached_property
+    def entropy(self) -> float:
+        """Shannon entropy of the draft's next-token distribution, in nats."""
+        return float(torch.special.entr(self.confidence_probs).sum())
+
+    @cached_property
+    def token_prob(self) -> float:
+        """The draft's probability of the token it chose."""
+        return float(self.confidence_probs[self.token])
+
+
+@dataclass
+class Proposal:
+    """A round's candidates: `tokens` [k] and, when sampling, `probs` [k, V], the distributions
+    q_i they were drawn from (what rejection sampling needs). `forwards` counts draft passes."""
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    stop: str
+    forwards: int
+    vocab: int | None = None  # logits per position of the proposing model, once it ran
+
+
+class NoDraft:
+    """Proposes nothing: every round is one target step. This is plain decoding (`ar`)."""
+
+    def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
+        return Proposal(tokens[0, :0], None, "no draft", 0)
+
+    def rollback(self, committed: int) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A draft model proposes up to `gamma` tokens, one forward each, asking the policy before
+    and after every token whether to go on (Leviathan et al. 2023, Algorithm 1, step 1)."""
+
+    def __init__(self, draft):
+        self.draft, self.cache = draft, None
+
+    def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
+        with _last_hidden_state(self.draft, policy.needs_hidden) as hidden:
+            return self._propose(tokens, gamma, policy, sampler, generator, index, hidden)
+
+    def _propose(self, tokens, gamma, policy, sampler, generator, index, hidden) -> Proposal:
+        rows, stop, forwards, vocab = [], "gamma", 0, None
+        candidate = tokens
+        for position in range(gamma):
+            logits, self.cache = forward_uncached(self.draft, candidate, self.cache)
+            forwards, vocab = forwards + 1, logits.shape[-1]
+            probs = None if sampler.greedy else sampler.probs(logits[-1])
+            step = DraftStep(position, index + position, logits[-1], None, probs,
+                             hidden[0][0, -1] if hidden else None, candidate)
+            if sampler.greedy:
+                step.drawn = int(logits[-1].argmax())
+            if policy.stop_before(step):  # decided before a sampled token is drawn
+                stop = policy.reason
+                break
+            if not sampler.greedy:
+                step.drawn = sample_token(probs, generator)
+            token = step.drawn
+            rows.append(probs)
+            candidate = torch.cat([candidate, candidate.new_tensor([[token]])], dim=1)
+            if policy.stop_after(step):
+                stop = policy.reason
+                break
+        draft_tokens = candidate[0, tokens.shape[1]:]
+        draft_probs = torch.stack(rows) if rows and rows[0] is not None else None
+        return Proposal(draft_tokens, draft_probs, stop, forwards, vocab)
+
+    def rollback(self, committed: int) -> None:
+        # After a fully accepted round the draft's cache lacks its last proposal: keep what it has.
+        self.cache = trim_cache(self.cache, min(cache_length(self.cache), committed))
+
+
+@contextmanager
+def _last_hidden_state(model, wanted: bool):
+    """While `wanted`, a list whose element 0 is the input of `model`'s output head in its latest
+    forward (the final hidden states [1, n, H]), captured by a forward hook removed afterwards."""
+    if not wanted:
+        yield None
+        return
+    captured = []
+
+    def keep(module, args, output):
+        captured[:] = [args[0]]
+
+    handle = model.get_output_embeddings().register_forward_hook(keep)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+# --------------------------------------------------------------------------- verifying
+def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
+    """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
+    them when `cache` is None: the prefill). Return the last `num_logits` logits [num_logits, V]
+    and the grown cache; positions follow from the cache length."""
+    seen = cache_length(cache)
+    out = model(input_ids=tokens[:, seen:], past_key_values=cache, use_cache=True,
+                logits_to_keep=num_logits)
+    return out.logits[0, -num_logits:], out.past_key_values
+
+
+def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Greedy verification: accept draft tokens while each equals the target's argmax, then add
+    the target's own argmax at the first mismatch (or its bonus token after all k).
+    draft_tokens [k], target_logits [k+1, V]; returns between 1 and k+1 token ids."""
+    target_choice = target_logits.argmax(-1)
+    matches = (draft_tokens == target_choice[:-1]).long()
+    n_accepted = int(matches.cumprod(0).sum())  # length of the leading run of matches
+    return target_choice[:n_accepted + 1]  # equals the accepted drafts, then the target's token
+
+
+def verify(proposal: Proposal, target_logits: torch.Tensor, sampler: Sampler, generator) -> torch.Tensor:
+    """Keep the longest acceptable prefix of the proposal plus one target token: greedy matching at
+    temperature 0, else rejection sampling against the target's equally warped distributions."""
+    if sampler.greedy:
+        return greedy_verify(proposal.tokens, target_logits)
+    target_probs = sampler.probs(target_logits)
+    draft_probs = proposal.probs if proposal.probs is not None else target_probs[:0]
+    return rejection_sample(draft_probs, target_probs, proposal.tokens, generator)
+
+
+# --------------------------------------------------------------------------- the loop
+@torch.inference_mode()
+def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: int, sampler: Sampler,
+           eos_ids: set[int], generator=None, method: str = "") -> GenerationResult:
+    """The decode loop every method runs: propose, verify in one target pass, commit, roll back.
+
+    Stops after `max_new_tokens` tokens or after a token in `eos_ids`. A round never drafts past
+    the budget (k drafts + 1 target token <= tokens left). The first target pass is also the
+    prefill, so a draft that is always accepted needs ceil(n / (gamma + 1)) target passes.
+    """
+    result = GenerationResult(accepted_per_position=[0] * getattr(policy, "initial_gamma", 0), method=method)
+    tokens, target_cache = input_ids, None  # tokens: prompt + committed
+    start = time.perf_counter()
+    while not _finished(result.new_token_ids, max_new_tokens, eos_ids):
+        t0 = time.perf_counter()
+        gamma = policy.round_gamma()
+        room = max_new_tokens - len(result.new_token_ids) - 1  # k drafts + 1 target token
+        proposal = proposer.propose(tokens, min(gamma, room), policy, sampler, generator,
+                                    len(result.new_token_ids))
+        k = len(proposal.tokens)
+        stop = "budget" if proposal.stop == "gamma" and room < gamma else proposal.stop
+        t1 = time.perf_counter()
+
+        target_logits, target_cache = forward_uncached(
+            target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
+        if proposal.vocab not in (None, target_logits.shape[-1]):
+            raise ValueError(f"draft and target must share the output vocabulary, got "
+                             f"{proposal.vocab} and {target_logits.shape[-1]} logits")
+        new_tokens = verify(proposal, target_logits, sampler, generator)
+        t2 = time.perf_counter()
+
+        n_accepted = len(new_tokens) - 1
+        kept = _append_until_eos(result.new_token_ids, new_tokens.tolist(), eos_ids)
+        tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
+        committed = tokens.shape[1] - 1  # the newest token is in no cache yet
+        target_cache = trim_cache(target_cache, committed)
+        proposer.rollback(committed)
+        if len(result.accepted_per_position) < n_accepted:
+            result.accepted_per_position += [0] * (n_accepted - len(result.accepted_per_position))
+        for position in range(n_accepted):
+            result.accepted_per_position[position] += 1
+        result.target_calls += 1
+        result.draft_calls += proposal.forwards
+        result.drafted += k
+        result.accepted += n_accepted
+        stats = RoundStats(gamma, k, n_accepted, stop, proposal.forwards, len(kept),
+                           (t1 - t0) * 1e3, (t2 - t1) * 1e3, 0.0)
+        policy.observe(stats)
+        stats.bookkeeping_ms = (time.perf_counter() - t2) * 1e3
+        result.rounds.append(stats)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _append_until_eos(new_token_ids: list[int], tokens: list[int], eos_ids: set[int]) -> list[int]:
+    """Append `tokens` to `new_token_ids`, stopping after the first EOS; return what was kept."""
+    kept = []
+    for token in tokens:
+        kept.append(token)
+        if token in eos_ids:
+            break
+    new_token_ids.extend(kept)
+    return kept
+
+
+def _finished(new_token_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+    return len(new_token_ids) >= max_new_tokens or bool(new_token_ids and new_token_ids[-1] in eos_ids)
+
+
+def as_id_set(eos_token_id) -> set[int]:
+    """None, one id, or a collection of ids -> a set of ids."""
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(token) for token in eos_token_id}
+
+
+def check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma=None) -> None:
+    """Reject bad arguments with a message naming the argument and what is allowed."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a tensor of shape [1, seq_len] (batch size 1 only), got {shape}")
+    if input_ids.shape[1] < 1:
+        raise ValueError("input_ids must hold at least one token")
+    checks = [
+        ("max_new_tokens", max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1,
+         "an integer >= 1"),
+        ("gamma", gamma, gamma is None or isinstance(gamma, int) and gamma >= 1, "an integer >= 1"),
+        ("temperature", temperature, isinstance(temperature, (int, float)) and math.isfinite(temperature)
+         and temperature >= 0, "a finite number >= 0 (0 means greedy)"),
+        ("top_k", top_k, isinstance(top_k, int) and top_k >= 0, "an integer >= 0 (0 means off)"),
+        ("top_p", top_p, isinstance(top_p, (int, float)) and 0 < top_p <= 1,
+         "a number in (0, 1] (1.0 means off)"),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -1,0 +1,91 @@
+"""`generate`: the course's one public entry point. A method name picks the engine's parts
+(`engine.py`: a proposer; `policies.py`: a drafting policy); the bench CLI takes the same names.
+
+| method | proposer | policy |
+|---|---|---|
+| `ar` | none: the target alone | - |
+| `greedy`, `sampling` | the draft model | fixed gamma (the temperature decides greedy or sampled) |
+| `adaptive-hf`, `adaptive-dual`, `oracle` | the draft model | gamma chosen per round (notebook 03) |
+| `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) |
+"""
+from __future__ import annotations
+
+import inspect
+
+from . import policies
+from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
+
+POLICIES = {
+    "ar": policies.DraftingPolicy,
+    "greedy": policies.DraftingPolicy,
+    "sampling": policies.DraftingPolicy,
+    "adaptive-hf": policies.HeuristicGamma,
+    "adaptive-dual": policies.DualSignalGamma,
+    "oracle": policies.Oracle,
+    "entropy-stop": policies.EntropyStop,
+    "confidence-stop": policies.ConfidenceStop,
+    "adaedl": policies.AdaEDL,
+    "learned-stop": policies.LearnedStop,
+}
+METHODS = tuple(POLICIES)
+GREEDY_ONLY = ("oracle",)
+
+
+def policy_parameters(method: str) -> list[str]:
+    """The parameters a method's policy takes through `params` (gamma comes separately)."""
+    signature = inspect.signature(POLICIES[method].__init__)
+    return [name for name in signature.parameters if name not in ("self", "gamma")]
+
+
+def make_policy(method: str, gamma: int, params: dict | None, draft=None) -> policies.DraftingPolicy:
+    """The policy of `method`, with `params` checked against what it takes."""
+    params = dict(params or {})
+    allowed = policy_parameters(method)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r} for method {method!r}; allowed: "
+                         f"{', '.join(allowed) if allowed else 'none'}")
+    if method == "learned-stop":
+        params.setdefault("draft", draft)
+    return POLICIES[method](gamma, **params)
+
+
+def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", draft=None, draft_small=None,
+             heads=None, gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             eos_token_id=None, generator=None, params: dict | None = None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens after `input_ids` [1, n] with `method` (see the table in
+    this module's docstring), through the one decode loop `engine.decode`. `method` may also be a
+    `policies.DraftingPolicy` object of your own (fresh for each call: policies keep state), run
+    with the draft model.
+
+    temperature 0 is greedy: every method's output equals the target's own greedy output. Otherwise
+    tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
+    exactly, for every method (rejection sampling). `gamma` is the fixed draft length (`greedy`,
+    `sampling`), the starting one (`adaptive-*`), or unused (stopping policies cap a round with their
+    `max_gamma` parameter). `params` holds a policy's own parameters, e.g. `{"tau": 2.0}` for
+    `entropy-stop`; `policy_parameters(method)` lists them. Arguments a method does not use
+    (`draft` for `ar`, `draft_small`, `heads`) are accepted and ignored. Stops after
+    `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
+    `GenerationResult` whose `rounds` hold per-round statistics.
+    """
+    if isinstance(method, policies.DraftingPolicy):  # your own policy object, with the draft model
+        policy, method = method, method.name
+        if draft is None:
+            raise ValueError(f"policy {method!r} needs a draft model: pass draft=...")
+        check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p)
+        return decode(target, DraftModelProposer(draft), policy, input_ids, max_new_tokens,
+                      Sampler(temperature, top_k, top_p), as_id_set(eos_token_id), generator, method)
+    if method not in POLICIES:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, None if method == "ar" else gamma)
+    if method in GREEDY_ONLY and temperature != 0:
+        raise ValueError(f"method {method!r} is greedy only (it reads the target's greedy output); "
+                         f"got temperature {temperature!r}, allowed: 0")
+    if method == "ar":
+        proposer, policy = NoDraft(), policies.DraftingPolicy(0)
+    else:
+        if draft is None:
+            raise ValueError(f"method {method!r} needs a draft model: pass draft=...")
+        proposer, policy = DraftModelProposer(draft), make_policy(method, gamma, params, draft)
+    return decode(target, proposer, policy, input_ids, max_new_tokens, Sampler(temperature, top_k, top_p),
+                  as_id_set(eos_token_id), generator, method)

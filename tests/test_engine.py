@@ -1,0 +1,353 @@
+"""The one decode loop (`engine.decode`, `methods.generate`) and every method it runs.
+
+- greedy: every method's output is token-identical to the target's own greedy decoding, for drafts
+  that agree often and rarely, several draft lengths, token budgets ending mid-round and an EOS
+  inside a round, with policy parameters that make every stopping rule fire;
+- sampling: every method's output, whole sequences of several tokens, follows the target's exact
+  distribution (enumerated on a tiny vocabulary, chi-square test), and the same test fails on two
+  planted bugs;
+- per-round statistics add up; bad arguments fail with one clear message.
+"""
+import math
+
+import pytest
+import torch
+
+from specdec_utils import policies, sampling
+from specdec_utils.engine import DraftModelProposer, Proposal, RoundStats, Sampler, decode
+from specdec_utils.exactness import ToyLM, chi_square_p_value, exact_distribution, sample_outputs, total_variation
+from specdec_utils.methods import METHODS, POLICIES, generate, policy_parameters
+from specdec_utils.stop_head import StopHead
+from conftest import noisy_copy, random_model, random_prompt
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SPECULATIVE = [m for m in METHODS if m != "ar"]
+
+
+def method_params(method: str, hidden_size: int, reference=None) -> dict:
+    """Parameters that make each policy's own stopping rule fire often on tiny models."""
+    torch.manual_seed(0)
+    return {"adaptive-dual": {"entropy_threshold": 4.0},
+            "oracle": {"reference": reference},
+            "entropy-stop": {"tau0": 0.0},
+            "confidence-stop": {"threshold": 0.5},
+            "adaedl": {"lam0": 0.5},
+            "learned-stop": {"head": StopHead(hidden_size), "threshold": 0.3}}.get(method, {})
+
+
+@pytest.fixture(scope="module", params=("tiny-llama", "tiny-gpt2"))
+def models(request):
+    target = random_model(request.param, seed=0)
+    return target, {"close": noisy_copy(target, noise=0.01, seed=2), "unrelated": random_model(request.param, seed=1)}
+
+
+# --- greedy: token-identical to the target alone ------------------------------------------------
+
+@pytest.mark.parametrize("method", SPECULATIVE)
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_output_equals_the_target_alone(models, method, gamma):
+    target, drafts = models
+    stops = set()
+    for draft in drafts.values():
+        hidden = draft.get_output_embeddings().in_features
+        for seed, length in enumerate((1, 6, 13)):
+            input_ids = random_prompt(length, seed)
+            for max_new_tokens in (1, 7, 26):
+                plain = generate(target, input_ids, max_new_tokens, method="ar")
+                params = method_params(method, hidden, plain.new_token_ids)
+                result = generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
+                                  params=params)
+                assert result.new_token_ids == plain.new_token_ids, (method, seed, max_new_tokens)
+                check_round_statistics(result)
+                stops |= {r.stop for r in result.rounds}
+    own_reason = {"entropy-stop": "entropy", "confidence-stop": "confidence", "adaedl": "adaedl",
+                  "learned-stop": "learned", "oracle": "oracle"}.get(method)
+    if own_reason:  # guards the test: the policy's own rule did stop rounds
+        assert own_reason in stops
+
+
+@pytest.mark.parametrize("method", SPECULATIVE)
+def test_greedy_stops_at_an_eos_inside_a_round(models, method):
+    target, drafts = models
+    input_ids = random_prompt(5, 7)
+    free_run = generate(target, input_ids, 30, method="ar").new_token_ids
+    eos = next(token for i, token in enumerate(free_run) if i >= 6 and token not in free_run[:i])
+    expected = free_run[:free_run.index(eos) + 1]
+    for draft in drafts.values():
+        params = method_params(method, draft.get_output_embeddings().in_features, expected)
+        result = generate(target, input_ids, 30, method=method, draft=draft, gamma=4, eos_token_id=eos, params=params)
+        assert result.new_token_ids == expected
+
+
+def check_round_statistics(result):
+    rounds = result.rounds
+    assert len(rounds) == result.target_calls
+    assert sum(r.drafted for r in rounds) == result.drafted
+    assert sum(r.accepted for r in rounds) == result.accepted == sum(result.accepted_per_position)
+    assert sum(r.draft_forwards for r in rounds) == result.draft_calls
+    assert sum(r.new_tokens for r in rounds) == len(result.new_token_ids)
+    for r in rounds:
+        assert 0 <= r.accepted <= r.drafted <= r.draft_forwards
+        assert r.new_tokens <= r.accepted + 1
+        assert min(r.draft_ms, r.verify_ms, r.bookkeeping_ms) >= 0
+        assert r.stop in {"gamma", "budget", "no draft", "entropy", "confidence", "adaedl", "learned", "oracle"}
+        if r.stop == "gamma":
+            assert r.drafted == r.gamma
+
+
+def test_ar_is_one_target_pass_per_token(models):
+    target, _ = models
+    result = generate(target, random_prompt(4, 0), 12, method="ar")
+    assert result.target_calls == 12 and result.draft_calls == result.drafted == 0
+    assert {r.stop for r in result.rounds} == {"no draft"}
+
+
+def test_the_oracle_never_wastes_a_draft(models):
+    target, drafts = models
+    input_ids = random_prompt(6, 1)
+    reference = generate(target, input_ids, 40, method="ar").new_token_ids
+    oracle = generate(target, input_ids, 40, method="oracle", draft=drafts["close"], params={"reference": reference})
+    fixed = generate(target, input_ids, 40, method="greedy", draft=drafts["close"], gamma=4)
+    assert oracle.accepted == oracle.drafted > 0
+    assert oracle.target_calls <= fixed.target_calls
+
+
+# --- sampling: the output follows the target's distribution exactly ----------------------------
+
+VOCAB, N_TOKENS, TRIALS = 5, 3, 3000
+EOS = 4
+MIN_P_VALUE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """A toy target, a draft that is neither close nor useless, and the target's exact distribution
+    over its outputs of up to 3 tokens (ending early at EOS), at temperature 1 and with top-p."""
+    target, draft = ToyLM(VOCAB, seed=0), ToyLM(VOCAB, seed=1, sharpness=1.0)
+    prompt = torch.tensor([[1, 3, 2]])
+    exact = {top_p: exact_distribution(target, prompt, N_TOKENS, Sampler(1.0, 0, top_p), {EOS}) for top_p in (1.0, 0.8)}
+    return target, draft, prompt, exact
+
+
+def run_method(toy, method, top_p=1.0, gamma=2, **overrides):
+    target, draft, prompt, _ = toy
+    params = method_params(method, 8) if method != "oracle" else {}
+    if method == "adaedl":
+        params["lam0"] = 0.7  # stops above 0.45 nats: the toy draft's entropies are at most log(5)
+    params.update(overrides)
+    stops = []
+
+    def run(generator):
+        result = generate(target, prompt, N_TOKENS, method=method, draft=draft, gamma=gamma, temperature=1.0,
+                          top_p=top_p, eos_token_id=EOS, generator=generator, params=params)
+        stops.extend(r.stop for r in result.rounds)
+        return result.new_token_ids
+
+    return sample_outputs(run, TRIALS, seed=0), stops
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("oracle", "greedy")])
+def test_sampled_outputs_follow_the_target_distribution(toy, method):
+    """Whole outputs of up to three tokens, jointly: Leviathan et al. 2023, Theorem 3.5, for every
+    drafting policy (each decides from the draft's own tokens only)."""
+    counts, stops = run_method(toy, method)
+    exact = toy[3][1.0]
+    assert chi_square_p_value(counts, exact) > MIN_P_VALUE, (method, total_variation(counts, exact))
+    if method not in ("ar", "sampling", "adaptive-hf", "adaptive-dual"):
+        assert POLICIES[method].reason in stops  # the stopping rule really fired
+
+
+@pytest.mark.parametrize("method", ["sampling", "entropy-stop", "learned-stop"])
+def test_sampled_outputs_follow_the_target_distribution_with_top_p(toy, method):
+    counts, _ = run_method(toy, method, top_p=0.8, gamma=3)
+    assert chi_square_p_value(counts, toy[3][0.8]) > MIN_P_VALUE
+
+
+def test_the_exactness_check_fails_a_wrong_residual(toy, monkeypatch):
+    """Planted bug 1: after a rejection, resample from p instead of the residual max(0, p - q)."""
+    monkeypatch.setattr(sampling, "_residual_distribution", lambda target_row, draft_row: target_row)
+    counts, _ = run_method(toy, "sampling")
+    assert chi_square_p_value(counts, toy[3][1.0]) < 1e-10
+
+
+class PeekingProposer(DraftModelProposer):
+    """Planted bug 2: a proposer that looks at the target. It keeps drafted tokens only while the
+    target finds each at least as likely as the draft does, and drops the first one it would often
+    reject: the target then emits its bonus token from p where exactness needs the residual draw."""
+
+    def __init__(self, draft, target):
+        super().__init__(draft)
+        self.target = target
+
+    def propose(self, tokens, gamma, policy, sampler, generator, index):
+        proposal = super().propose(tokens, gamma, policy, sampler, generator, index)
+        k = len(proposal.tokens)
+        if not k:
+            return proposal
+        candidate = torch.cat([tokens, proposal.tokens[None]], dim=1)
+        p = sampler.probs(self.target(input_ids=candidate).logits[0, tokens.shape[1] - 1:-1])
+        keep = 0
+        while keep < k and p[keep, proposal.tokens[keep]] >= proposal.probs[keep, proposal.tokens[keep]]:
+            keep += 1
+        return Proposal(proposal.tokens[:keep], proposal.probs[:keep], "peek", proposal.forwards, proposal.vocab)
+
+
+def test_the_exactness_check_fails_a_proposer_that_peeks_at_the_target(toy):
+    target, draft, prompt, exact = toy
+
+    def run(generator):
+        return decode(target, PeekingProposer(draft, target), policies.DraftingPolicy(2), prompt, N_TOKENS,
+                      Sampler(1.0), {EOS}, generator).new_token_ids
+
+    counts = sample_outputs(run, TRIALS, seed=0)
+    assert chi_square_p_value(counts, exact[1.0]) < 1e-10
+
+
+class DropsTokenTwo(policies.DraftingPolicy):
+    """Planted bug 3, refused by the engine: a stop rule that looks at the token it is about to drop.
+    Drafting x ~ q and dropping it when x == 2 proposes tokens that are not distributed as q."""
+
+    def stop_before(self, step):
+        return step.token == 2
+
+
+def test_a_sampled_stop_before_cannot_read_the_token_it_would_drop(toy):
+    target, draft, prompt, _ = toy
+    with pytest.raises(RuntimeError, match="drawn after stop_before"):
+        generate(target, prompt, 3, method=DropsTokenTwo(2), draft=draft, temperature=1.0,
+                 generator=torch.Generator().manual_seed(0))
+    # greedy tokens are the argmax, no randomness to bias: the rule may read them
+    greedy = generate(target, prompt, 3, method=DropsTokenTwo(2), draft=draft)
+    assert greedy.new_token_ids == generate(target, prompt, 3, method="ar").new_token_ids
+
+
+def test_oracle_refuses_sampling(toy):
+    target, draft, prompt, _ = toy
+    with pytest.raises(ValueError, match="'oracle' is greedy only"):
+        generate(target, prompt, 3, method="oracle", draft=draft, temperature=1.0, params={"reference": [1, 2, 3]})
+
+
+# --- the policies' own rules --------------------------------------------------------------------
+
+def stats(gamma, drafted, accepted, stop="gamma"):
+    return RoundStats(gamma, drafted, accepted, stop, drafted, accepted + 1, 0.0, 0.0, 0.0)
+
+
+def test_heuristic_gamma_is_plus_two_after_a_full_round_else_minus_one():
+    policy = policies.HeuristicGamma(4)
+    trace = []
+    for drafted, accepted in [(4, 4), (6, 6), (8, 3), (7, 0), (6, 6), (8, 0)]:
+        assert policy.round_gamma() == drafted
+        policy.observe(stats(drafted, drafted, accepted))
+        trace.append(policy.gamma)
+    assert trace == [6, 8, 7, 6, 8, 7]
+    policy = policies.HeuristicGamma(1)
+    policy.observe(stats(1, 1, 0))
+    assert policy.gamma == 1
+
+
+def test_dual_signal_gamma():
+    policy = policies.DualSignalGamma(4, entropy_threshold=1.0, max_gamma=5)
+    policy.round_gamma()
+    policy.entropies = [0.5, 0.5, 0.5, 0.5]
+    policy.observe(stats(4, 4, 4))            # acceptance 1.0 > 0.8: +1
+    assert policy.gamma == 5
+    policy.round_gamma()
+    policy.entropies = [0.1] * 5
+    policy.observe(stats(5, 5, 5))            # capped at max_gamma
+    assert policy.gamma == 5
+    policy.round_gamma()
+    policy.entropies = [3.0] * 5
+    policy.observe(stats(5, 5, 1))            # 0.2 < 0.3: -1
+    assert policy.gamma == 4
+    policy.round_gamma()
+    policy.entropies = [0.2] * 4
+    policy.observe(stats(4, 4, 2))            # 0.5, confident: +1
+    assert policy.gamma == 5
+    policy.round_gamma()
+    policy.entropies = [2.0] * 5
+    policy.observe(stats(5, 5, 3))            # 0.6, unsure: unchanged
+    assert policy.gamma == 5
+
+
+def test_entropy_stop_threshold_is_the_mean_rejected_entropy():
+    policy = policies.EntropyStop(tau0=0.0)
+    assert policy.tau == 0.0
+    for entropies, accepted, expected_tau in [([1.0, 2.0, 3.0], 1, 2.0), ([0.5, 0.7], 2, 2.0), ([4.0], 0, 3.0)]:
+        policy.round_gamma()
+        policy.entropies = entropies
+        policy.observe(stats(10, len(entropies), accepted))
+        assert policy.tau == pytest.approx(expected_tau)
+    fixed = policies.EntropyStop(tau=1.5)
+    fixed.round_gamma()
+    fixed.entropies = [3.0]
+    fixed.observe(stats(10, 1, 0))
+    assert fixed.tau == 1.5
+
+
+def test_confidence_refit_minimises_fpr_plus_three_fnr():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        scores = torch.rand(30, generator=generator).tolist()
+        labels = (torch.rand(30, generator=generator) < torch.tensor(scores)).long().tolist()
+        if len(set(labels)) < 2:
+            continue
+        chosen = policies.min_cost_threshold(scores, labels)
+
+        def cost(t):
+            positive = [s >= t for s in scores]
+            tpr = sum(p and y for p, y in zip(positive, labels)) / sum(labels)
+            fpr = sum(p and not y for p, y in zip(positive, labels)) / (len(labels) - sum(labels))
+            return fpr + 3 * (1 - tpr)
+
+        assert cost(chosen) == pytest.approx(min(cost(t) for t in scores))
+
+
+def test_confidence_stop_collects_judged_tokens_only():
+    policy = policies.ConfidenceStop(refit=False)
+    policy.round_gamma()
+    policy.round_probs = [0.9, 0.8, 0.3, 0.7]
+    policy.observe(stats(10, 4, 1))
+    assert policy.probs == [0.9, 0.8] and policy.matches == [1, 0]
+
+
+def test_adaedl_bound_and_threshold_update():
+    policy = policies.AdaEDL(lam0=0.5, max_gamma=4)
+    step = type("Step", (), {"position": 1, "entropy": 1.0})()
+    assert policy.stop_before(step) == (1 - math.sqrt(0.2) < 0.5)
+    step.position = 0
+    assert not policy.stop_before(step)  # the first token of a round is always drafted
+    policy.observe(stats(4, 4, 1))        # acceptance 0.25 -> smoothed 0.575 < 0.9: lam rises
+    assert policy.smoothed_acceptance == pytest.approx(0.5 * 0.9 + 0.5 * 0.25)
+    assert policy.lam == pytest.approx(0.9 * 0.5 + 0.1 * 0.51)
+
+
+# --- bad arguments ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "fast"}, "unknown method 'fast'; allowed: ar, greedy"),
+    ({"method": "entropy-stop", "params": {"tua": 1}}, "unknown parameter 'tua' for method 'entropy-stop'; allowed: tau, tau0"),
+    ({"method": "greedy", "params": {"tau": 1}}, "unknown parameter 'tau' for method 'greedy'; allowed: none"),
+    ({"method": "greedy", "draft": None}, "method 'greedy' needs a draft model"),
+    ({"method": "oracle"}, "needs params={'reference'"),
+    ({"method": "learned-stop"}, "method 'learned-stop' needs a stop head"),
+    ({"method": "greedy", "gamma": 0}, "gamma must be an integer >= 1"),
+])
+def test_bad_arguments_give_one_clear_message(models, kwargs, message):
+    target, drafts = models
+    arguments = {"draft": drafts["close"], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(target, random_prompt(3, 0), 5, **arguments)
+
+
+def test_ar_ignores_arguments_it_does_not_use(models):
+    target, drafts = models
+    result = generate(target, random_prompt(3, 0), 5, method="ar", draft=drafts["close"], draft_small=object(),
+                      heads=object(), gamma=0)
+    assert len(result.new_token_ids) == 5
+
+
+def test_policy_parameters_are_listed():
+    assert policy_parameters("entropy-stop") == ["tau", "tau0", "max_gamma"]
+    assert policy_parameters("greedy") == []

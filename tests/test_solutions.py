@@ -1,0 +1,121 @@
+"""The exercise solutions in notebooks/solutions/ are code a learner compares against: they must work."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_utils import generate
+from specdec_utils.engine import RoundStats
+from specdec_utils.theory import expected_tokens_per_round
+from conftest import noisy_copy, random_model, random_prompt
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, SOLUTIONS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ch03():
+    return load("ch03")
+
+
+def stats(drafted, accepted):
+    return RoundStats(drafted, drafted, accepted, "gamma", drafted, accepted + 1, 0.0, 0.0, 0.0)
+
+
+def test_ch03_multiplicative_policy(ch03):
+    policy = ch03.MultiplicativeGamma(4)
+    trace = []
+    for drafted, accepted in [(4, 4), (8, 8), (16, 16), (16, 3), (8, 0), (4, 1), (2, 2)]:
+        assert policy.round_gamma() == drafted
+        policy.observe(stats(drafted, accepted))
+        trace.append(policy.gamma)
+    assert trace == [8, 16, 16, 8, 4, 2, 4]
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.01, seed=1)
+    input_ids = random_prompt(5, 0)
+    result = generate(target, input_ids, 30, method=ch03.MultiplicativeGamma(4), draft=draft)
+    assert result.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
+
+
+def test_ch03_best_fixed_gamma_is_the_argmax_of_the_model(ch03):
+    t_verify = {k: 10.0 + 0.5 * (k - 1) for k in range(1, 10)}
+    assert ch03.best_fixed_gamma([0.05] * 8, 1.0, t_verify) == 1
+    assert ch03.best_fixed_gamma([0.95] * 8, 0.2, t_verify) == 8
+    rising = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.9, 0.9]
+    best = ch03.best_fixed_gamma(rising, 1.0, t_verify)
+    speed = {g: expected_tokens_per_round(rising, g) * 10 / (g + t_verify[g + 1]) for g in range(1, 9)}
+    assert best == max(speed, key=speed.get)
+
+
+def test_ch03_only_drafting_the_rejected_token_keeps_sampling_exact(ch03):
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        p = torch.rand(7, generator=generator).softmax(0)
+        q = (3 * torch.rand(7, generator=generator)).softmax(0)
+        stop_before, draft_it = ch03.oracle_emissions(p, q)
+        torch.testing.assert_close(draft_it, p.double())
+        assert 0.5 * (stop_before - p.double()).abs().sum() > 1e-3
+        torch.testing.assert_close(stop_before.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_ch03_best_gamma_per_category(ch03):
+    easy = [stats(8, 8)] * 10 + [stats(8, 6)] * 5
+    hard = [stats(8, 0)] * 12 + [stats(8, 1)] * 3
+    t_verify = {k: 10.0 + 0.2 * (k - 1) for k in range(1, 10)}
+    best = ch03.best_gamma_per_category({"code": easy, "stories": hard}, 1.0, t_verify)
+    assert best["code"] == 8 and best["stories"] == 1
+
+
+@pytest.fixture(scope="module")
+def ch04():
+    return load("ch04")
+
+
+def test_ch04_entropy_stop_before_drops_the_unsure_token(ch04):
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.01, seed=1)
+    input_ids = random_prompt(5, 0)
+    before = generate(target, input_ids, 30, method=ch04.EntropyStopBefore(tau0=5.0), draft=draft)
+    assert before.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
+    assert any(r.stop == "entropy" for r in before.rounds)
+    assert before.draft_calls > before.drafted  # a stopped-before round paid for the pass that told it to stop
+
+
+def test_ch04_roc_thresholds(ch04):
+    probs = [0.9, 0.8, 0.75, 0.6, 0.5, 0.45, 0.4, 0.3, 0.2, 0.1, 0.05]
+    accepted = [1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0]
+    chosen = ch04.roc_thresholds(probs, accepted)
+    assert chosen[1.0] == 0.6 and chosen[3.0] == 0.4 and chosen[10.0] == 0.4
+    assert chosen[1.0] >= chosen[3.0] >= chosen[10.0]  # dearer false negatives -> a lower threshold
+
+
+def test_ch04_peeking_emission_is_biased(ch04):
+    p = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02])
+    q = torch.tensor([0.10, 0.35, 0.25, 0.05, 0.10, 0.05, 0.10, 0.00])
+    emitted, tv = ch04.peeking_emission(p, q)
+    torch.testing.assert_close(emitted.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert tv > 0.05
+    _, same = ch04.peeking_emission(p, p)
+    assert same == pytest.approx(0.0)
+
+
+def test_ch04_cost_aware_stop_is_lossless_and_stops(ch04):
+    from specdec_utils.stop_head import StopHead
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.01, seed=1)
+    torch.manual_seed(0)
+    head = StopHead(draft.get_output_embeddings().in_features)
+    t_verify = {k: 10.0 + 3.0 * (k - 1) for k in range(1, 12)}
+    input_ids = random_prompt(6, 1)
+    result = generate(target, input_ids, 30, method=ch04.CostAwareStop(head, 1.0, t_verify, token_ms=8.0), draft=draft)
+    assert result.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
+    assert any(r.stop == "cost" for r in result.rounds)
