@@ -204,6 +204,47 @@ def test_the_exactness_check_fails_a_proposer_that_peeks_at_the_target(toy):
     assert chi_square_p_value(counts, exact[1.0]) < 1e-10
 
 
+LONG_VOCAB, LONG_TOKENS, LONG_TRIALS = 4, 6, 8000
+
+
+@pytest.fixture(scope="module")
+def long_toy():
+    """Outputs of exactly 6 tokens on a 4-token vocabulary (4,096 of them). With 3-token outputs a
+    round-level policy cannot matter: after the first round the budget leaves room for at most one
+    draft. Here a policy that starts at gamma 1 and grows it changes what later rounds draft."""
+    target, draft = ToyLM(LONG_VOCAB, seed=0), ToyLM(LONG_VOCAB, seed=1, sharpness=1.0)
+    prompt = torch.tensor([[1, 0, 2]])
+    return target, draft, prompt, exact_distribution(target, prompt, LONG_TOKENS, Sampler(1.0))
+
+
+def long_counts(long_toy, make_run):
+    target, draft, prompt, _ = long_toy
+    drafted = []
+
+    def run(generator):
+        result = make_run(target, draft, prompt, generator)
+        drafted.extend(r.drafted for r in result.rounds[1:])
+        return result.new_token_ids
+
+    return sample_outputs(run, LONG_TRIALS, seed=0), drafted
+
+
+@pytest.mark.parametrize("method", ["adaptive-hf", "adaptive-dual"])
+def test_adaptive_gamma_keeps_sampling_exact_when_gamma_changes_the_rounds(long_toy, method):
+    counts, drafted = long_counts(long_toy, lambda target, draft, prompt, generator: generate(
+        target, prompt, LONG_TOKENS, method=method, draft=draft, gamma=1, temperature=1.0, generator=generator))
+    assert max(drafted) >= 2  # gamma grew past its start, and a later round drafted more than one token
+    assert chi_square_p_value(counts, long_toy[3]) > MIN_P_VALUE, total_variation(counts, long_toy[3])
+
+
+def test_the_long_exactness_check_fails_a_proposer_that_peeks_at_the_target(long_toy):
+    """The same check has the power to see a biased proposer at this size."""
+    counts, _ = long_counts(long_toy, lambda target, draft, prompt, generator: decode(
+        target, PeekingProposer(draft, target), policies.HeuristicGamma(1), prompt, LONG_TOKENS, Sampler(1.0),
+        set(), generator))
+    assert chi_square_p_value(counts, long_toy[3]) < 1e-10
+
+
 class DropsTokenTwo(policies.DraftingPolicy):
     """Planted bug 3, refused by the engine: a stop rule that looks at the token it is about to drop.
     Drafting x ~ q and dropping it when x == 2 proposes tokens that are not distributed as q."""
