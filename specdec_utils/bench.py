@@ -58,6 +58,13 @@ def _type(check, allowed: str):
     return convert
 
 
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2 ** 63:  # what torch.Generator.manual_seed takes
+        raise ValueError
+    return value
+
+
 def _at_least(minimum: int):
     def check(text):
         value = int(text)
@@ -140,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=_type(_temperature, "a number >= 0 (0 means greedy)"),
                         default=0.0, help="for every method but greedy and oracle (default: %(default)s)")
     parser.add_argument("--top-p", type=_type(_top_p, "a number in (0, 1]"), default=1.0)
-    parser.add_argument("--seed", type=_type(int, "an integer"), default=0)
+    parser.add_argument("--seed", type=_type(_seed, "an integer in [0, 2**63)"), default=0)
     parser.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--out", type=Path, default=None, help="write the records to this JSON file")

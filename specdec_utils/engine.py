@@ -22,6 +22,7 @@ round, and each forward feeds a model every token its cache has not seen yet (`f
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ from .sampling import rejection_sample, sample_token, warp_logits
 @dataclass
 class RoundStats:
     """What one round did (seed 004's `IterationStats`). `gamma` is the policy's choice for the
-    round, `drafted` the tokens actually proposed, `accepted` how many the target kept; `stop` says
+    round, `drafted` the tokens actually proposed, `accepted` how many the verifier accepted (an EOS
+    among them ends the output, so `new_tokens` may be fewer than `accepted` + 1); `stop` says
     why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token budget left no
     room for more), "no draft" (plain decoding), or the policy's own reason ("entropy", ...).
     `draft_forwards` counts draft passes (a policy that stops *before* a token has paid for the
@@ -297,8 +299,14 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
         stop = "budget" if proposal.stop == "gamma" and room < gamma else proposal.stop
         t1 = time.perf_counter()
 
-        target_logits, target_cache = forward_uncached(
-            target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
+        try:
+            target_logits, target_cache = forward_uncached(
+                target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
+        except IndexError:  # a drafted id outside the target's embedding table: a larger draft vocabulary
+            if not k:
+                raise
+            raise ValueError(f"draft and target must share the output vocabulary: the draft proposed token id "
+                             f"{int(proposal.tokens.max())}, which the target's embedding table does not hold") from None
         if proposal.vocab not in (None, target_logits.shape[-1]):
             raise ValueError(f"draft and target must share the output vocabulary, got "
                              f"{proposal.vocab} and {target_logits.shape[-1]} logits")
@@ -344,12 +352,24 @@ def _finished(new_token_ids: list[int], max_new_tokens: int, eos_ids: set[int]) 
 
 
 def as_id_set(eos_token_id) -> set[int]:
-    """None, one id, or a collection of ids -> a set of ids."""
+    """None, one id, or a collection of ids (a list, a set, a tensor) -> a set of ids."""
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(token) for token in eos_token_id}
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.flatten().tolist()
+    if _is_int(eos_token_id):
+        return {int(eos_token_id)}
+    try:
+        ids = list(eos_token_id)
+    except TypeError:
+        ids = None
+    if ids is None or not all(_is_int(token) for token in ids):
+        raise ValueError(f"eos_token_id must be None, a token id or a collection of token ids, got {eos_token_id!r}")
+    return {int(token) for token in ids}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma=None) -> None:
@@ -359,14 +379,16 @@ def check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma=
         raise ValueError(f"input_ids must be a tensor of shape [1, seq_len] (batch size 1 only), got {shape}")
     if input_ids.shape[1] < 1:
         raise ValueError("input_ids must hold at least one token")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
     checks = [
-        ("max_new_tokens", max_new_tokens, isinstance(max_new_tokens, int) and max_new_tokens >= 1,
-         "an integer >= 1"),
-        ("gamma", gamma, gamma is None or isinstance(gamma, int) and gamma >= 1, "an integer >= 1"),
-        ("temperature", temperature, isinstance(temperature, (int, float)) and math.isfinite(temperature)
-         and temperature >= 0, "a finite number >= 0 (0 means greedy)"),
-        ("top_k", top_k, isinstance(top_k, int) and top_k >= 0, "an integer >= 0 (0 means off)"),
-        ("top_p", top_p, isinstance(top_p, (int, float)) and 0 < top_p <= 1,
+        ("max_new_tokens", max_new_tokens, _is_int(max_new_tokens) and max_new_tokens >= 1, "an integer >= 1"),
+        ("gamma", gamma, gamma is None or _is_int(gamma) and gamma >= 1, "an integer >= 1"),
+        ("temperature", temperature, real and math.isfinite(temperature) and (temperature == 0 or temperature >= 1e-6),
+         "a finite number >= 0 (0 means greedy; a positive one must be >= 1e-6)"),
+        ("top_k", top_k, _is_int(top_k) and top_k >= 0, "an integer >= 0 (0 means off)"),
+        ("top_p", top_p, isinstance(top_p, numbers.Real) and not isinstance(top_p, bool) and 0 < top_p <= 1,
          "a number in (0, 1] (1.0 means off)"),
     ]
     for name, value, ok, allowed in checks:

@@ -68,15 +68,25 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
     `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
     `GenerationResult` whose `rounds` hold per-round statistics.
     """
+    if params is not None and not isinstance(params, dict):
+        raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'tau': 2.0}}, got {params!r}")
     if isinstance(method, policies.DraftingPolicy):  # your own policy object, with the draft model
         policy, method = method, method.name
         if draft is None:
             raise ValueError(f"policy {method!r} needs a draft model: pass draft=...")
+        if params:
+            raise ValueError(f"params are for a method name; a policy object ({method!r}) takes its parameters "
+                             f"in its constructor")
         check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p)
+        if method in GREEDY_ONLY and temperature != 0:
+            raise ValueError(f"policy {method!r} is greedy only (it reads the target's greedy output); "
+                             f"got temperature {temperature!r}, allowed: 0")
         return decode(target, DraftModelProposer(draft), policy, input_ids, max_new_tokens,
                       Sampler(temperature, top_k, top_p), as_id_set(eos_token_id), generator, method)
-    if method not in POLICIES:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    if not isinstance(method, str) or method not in POLICIES:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}, or a DraftingPolicy object")
+    if method == "ar" and params:
+        raise ValueError(f"method 'ar' takes no params, got {sorted(params)}")
     check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, None if method == "ar" else gamma)
     if method in GREEDY_ONLY and temperature != 0:
         raise ValueError(f"method {method!r} is greedy only (it reads the target's greedy output); "

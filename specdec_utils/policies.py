@@ -130,6 +130,10 @@ class Oracle(DraftingPolicy):
     def __init__(self, gamma: int = 4, reference: list[int] | None = None, max_gamma: int = 16):
         if reference is None:
             raise ValueError("method 'oracle' needs params={'reference': <the target's greedy new token ids>}")
+        if isinstance(reference, torch.Tensor):
+            reference = reference.flatten().tolist()
+        require("reference", reference, isinstance(reference, (list, tuple))
+                and all(_count(token, 0) for token in reference), "a list of token ids (integers >= 0)")
         require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
         super().__init__(max_gamma)
         self.reference = list(reference)

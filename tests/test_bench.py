@@ -56,6 +56,7 @@ def run_main(capsys, argv):
     (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
     (["--device", "tpu"], "argument --device: 'tpu' is not available here; allowed: auto, cpu"),
     (["--gama", "3"], "unrecognized arguments: --gama 3"),
+    (["--seed", "99999999999999999999999"], "argument --seed: must be an integer in [0, 2**63)"),
     (["--prompts", "no/such/file.jsonl"], "argument --prompts: prompts file no/such/file.jsonl does not exist"),
     (["--methods", "ar,entropy"], "argument --methods: unknown method 'entropy'; allowed:"),
     (["--param", "tau=2"], "argument --param: must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got 'tau=2'"),

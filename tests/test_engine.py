@@ -374,12 +374,43 @@ def test_adaedl_bound_and_threshold_update():
     ({"method": "oracle"}, "needs params={'reference'"),
     ({"method": "learned-stop"}, "method 'learned-stop' needs a stop head"),
     ({"method": "greedy", "gamma": 0}, "gamma must be an integer >= 1"),
+    ({"method": "greedy", "gamma": True}, "gamma must be an integer >= 1"),
+    ({"method": ["greedy"]}, "unknown method \\['greedy'\\]"),
+    ({"method": "ar", "params": {"tau": 1}}, "method 'ar' takes no params"),
+    ({"method": "entropy-stop", "params": "tau=1"}, "params must be a dict"),
+    ({"method": policies.EntropyStop(), "params": {"tau": 1}}, "params are for a method name"),
+    ({"method": policies.Oracle(reference=[1, 2]), "temperature": 1.0}, "policy 'oracle' is greedy only"),
+    ({"method": "oracle", "params": {"reference": 5}}, "reference must be a list of token ids"),
+    ({"method": "sampling", "temperature": 1e-46}, "temperature must be a finite number >= 0 \\(0 means greedy; a positive one must be >= 1e-6\\)"),
+    ({"method": "sampling", "temperature": 1.0, "top_k": True}, "top_k must be an integer >= 0"),
+    ({"method": "greedy", "eos_token_id": "eos"}, "eos_token_id must be None, a token id or a collection"),
 ])
 def test_bad_arguments_give_one_clear_message(models, kwargs, message):
     target, drafts = models
     arguments = {"draft": drafts["close"], **kwargs}
     with pytest.raises(ValueError, match=message):
         generate(target, random_prompt(3, 0), 5, **arguments)
+
+
+def test_float_input_ids_and_a_larger_draft_vocabulary_give_one_clear_message():
+    target = random_model("tiny-llama", seed=0)
+    with pytest.raises(ValueError, match="input_ids must hold integer token ids"):
+        generate(target, random_prompt(3, 0).float(), 5, method="ar")
+    bigger = random_model("tiny-llama", seed=1, vocab=2 * target.config.vocab_size)
+    with pytest.raises(ValueError, match="draft and target must share the output vocabulary"):
+        for seed in range(20):  # until the draft proposes an id past the target's vocabulary
+            generate(target, random_prompt(3, seed), 8, method="greedy", draft=bigger, gamma=4)
+
+
+def test_eos_may_be_a_tensor_or_numpy_id(models):
+    import numpy as np
+    target, drafts = models
+    prompt = random_prompt(3, 0)
+    plain = generate(target, prompt, 12, method="ar").new_token_ids
+    eos = plain[4]
+    for given in (torch.tensor(eos), np.int64(eos), [eos], {eos}):
+        result = generate(target, prompt, np.int64(12), method="greedy", draft=drafts["close"], eos_token_id=given)
+        assert result.new_token_ids == plain[:plain.index(eos) + 1]
 
 
 def test_ar_ignores_arguments_it_does_not_use(models):
