@@ -295,7 +295,12 @@ class LearnedStop(DraftingPolicy):
 
     def stop_before(self, step) -> bool:
         survival = self.survival * self.head.acceptance(step.hidden, step.logits, greedy=step.probs is None)
-        if 1 - survival > self.threshold:
+        if self.stops(survival, step):
             return True
         self.survival = survival
         return False
+
+    def stops(self, survival: float, step) -> bool:
+        """Whether drafting `step`'s token, after which the round survives with probability
+        `survival`, is not worth it: here, when the round would more likely than `threshold` fail."""
+        return 1 - survival > self.threshold

@@ -1,7 +1,7 @@
 """Solutions to the exercises of notebook 04 (entropy self-verify); `tests/test_solutions.py` checks them."""
 import torch
 
-from specdec_utils.policies import DraftingPolicy, EntropyStop, min_cost_threshold
+from specdec_utils.policies import EntropyStop, LearnedStop, min_cost_threshold
 
 
 # Exercise 1 ------------------------------------------------------------------------------------
@@ -37,28 +37,18 @@ def peeking_emission(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, fl
 
 
 # Exercise 4 ------------------------------------------------------------------------------------
-class CostAwareStop(DraftingPolicy):
+class CostAwareStop(LearnedStop):
     """Draft token j only if its expected value, survival * a_j tokens at `token_ms` each, exceeds
     what it costs: one draft step plus the growth of the verification pass from j to j + 1 tokens.
-    `head` predicts a_j (a `stop_head.StopHead`); `t_verify[k]` is a pass over k tokens in ms."""
+    `head` predicts a_j (a `stop_head.StopHead`); `t_verify[k]` is a pass over k tokens in ms. The
+    survival bookkeeping is `LearnedStop`'s; only its stop test changes."""
     name = "cost-aware-stop"
     reason = "cost"
-    needs_hidden = True
 
     def __init__(self, head, t_draft: float, t_verify: dict, token_ms: float, max_gamma: int = 10):
-        super().__init__(min(max_gamma, max(t_verify) - 1))
-        self.head, self.t_draft, self.t_verify, self.token_ms = head, t_draft, t_verify, token_ms
-        self.survival = 1.0
+        super().__init__(head=head, max_gamma=min(max_gamma, max(t_verify) - 1))
+        self.t_draft, self.t_verify, self.token_ms = t_draft, t_verify, token_ms
 
-    def round_gamma(self) -> int:
-        self.survival = 1.0
-        return self.gamma
-
-    def stop_before(self, step) -> bool:
-        survival = self.survival * self.head.acceptance(step.hidden, step.logits, greedy=step.probs is None)
+    def stops(self, survival: float, step) -> bool:
         j = step.position + 1  # drafting this token makes the verification pass j + 1 tokens wide
-        cost = self.t_draft + self.t_verify[j + 1] - self.t_verify[j]
-        if survival * self.token_ms < cost:
-            return True
-        self.survival = survival
-        return False
+        return survival * self.token_ms < self.t_draft + self.t_verify[j + 1] - self.t_verify[j]
