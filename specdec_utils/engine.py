@@ -53,6 +53,7 @@ class RoundStats:
     draft_ms: float
     verify_ms: float
     bookkeeping_ms: float
+    detail: dict = field(default_factory=dict)  # a proposer's own counts (e.g. per level, notebook 05)
 
 
 @dataclass
@@ -92,13 +93,20 @@ class GenerationResult:
     def round_sums(self) -> dict:
         """Sums over `rounds` (what the bench JSON records): time per part and stop reasons."""
         stops: dict[str, int] = {}
+        detail: dict[str, int] = {}
         for r in self.rounds:
             stops[r.stop] = stops.get(r.stop, 0) + 1
-        return {"rounds": len(self.rounds),
+            for key, value in r.detail.items():
+                if isinstance(value, (int, float)):
+                    detail[key] = detail.get(key, 0) + value
+        sums = {"rounds": len(self.rounds),
                 "draft_ms": sum(r.draft_ms for r in self.rounds),
                 "verify_ms": sum(r.verify_ms for r in self.rounds),
                 "bookkeeping_ms": sum(r.bookkeeping_ms for r in self.rounds),
                 "stops": stops}
+        if detail:
+            sums["detail"] = detail
+        return sums
 
 
 # --------------------------------------------------------------------------- sampling settings
@@ -166,12 +174,14 @@ class DraftStep:
 @dataclass
 class Proposal:
     """A round's candidates: `tokens` [k] and, when sampling, `probs` [k, V], the distributions
-    q_i they were drawn from (what rejection sampling needs). `forwards` counts draft passes."""
+    q_i they were drawn from (what rejection sampling needs). `forwards` counts draft passes;
+    `detail` holds a proposer's own per-round counts, copied to `RoundStats.detail`."""
     tokens: torch.Tensor
     probs: torch.Tensor | None
     stop: str
     forwards: int
     vocab: int | None = None  # logits per position of the proposing model, once it ran
+    detail: dict = field(default_factory=dict)
 
 
 class NoDraft:
@@ -328,7 +338,7 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
         result.drafted += k
         result.accepted += n_accepted
         stats = RoundStats(gamma, k, n_accepted, stop, proposal.forwards, len(kept),
-                           (t1 - t0) * 1e3, (t2 - t1) * 1e3, 0.0)
+                           (t1 - t0) * 1e3, (t2 - t1) * 1e3, 0.0, proposal.detail)
         policy.observe(stats)
         stats.bookkeeping_ms = (time.perf_counter() - t2) * 1e3
         result.rounds.append(stats)

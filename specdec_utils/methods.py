@@ -7,12 +7,13 @@
 | `greedy`, `sampling` | the draft model | fixed gamma (the temperature decides greedy or sampled) |
 | `adaptive-hf`, `adaptive-dual`, `oracle` | the draft model | gamma chosen per round (notebook 03) |
 | `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) |
+| `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) pre-verified by `draft` (M2) | per level (notebook 05) |
 """
 from __future__ import annotations
 
 import inspect
 
-from . import policies
+from . import hierarchy, policies
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 
 POLICIES = {
@@ -26,9 +27,38 @@ POLICIES = {
     "confidence-stop": policies.ConfidenceStop,
     "adaedl": policies.AdaEDL,
     "learned-stop": policies.LearnedStop,
+    "hierarchical": hierarchy.HierarchyPolicy,
+    "hierarchical-noloop": hierarchy.NoLoopPolicy,
 }
 METHODS = tuple(POLICIES)
 GREEDY_ONLY = ("oracle",)
+HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
+
+
+def make_proposer(what: str, draft, draft_small, hierarchical: bool = False):
+    """The proposer for `what` ("method 'greedy'", "policy 'mine'"): the draft model, or
+    (hierarchical) `draft_small` under `draft`."""
+    if draft is None:
+        raise ValueError(f"{what} needs a draft model: pass draft=...")
+    if not hierarchical:
+        return DraftModelProposer(draft)
+    if draft_small is None:
+        raise ValueError(f"{what} needs draft_small=... (M1, the fastest level: a draft model or an n-gram "
+                         f"table) under draft=... (M2)")
+    if not (isinstance(draft_small, hierarchy.NgramDraft) or callable(draft_small)):
+        raise ValueError(f"draft_small must be a model or an n-gram table (specdec_utils.ngram.NgramDraft), got "
+                         f"{type(draft_small).__name__} {draft_small!r:.60}")
+    small_vocab, middle_vocab = _output_vocab(draft_small), _output_vocab(draft)
+    if None not in (small_vocab, middle_vocab) and small_vocab != middle_vocab:
+        raise ValueError(f"draft_small and draft must share the output vocabulary, got {small_vocab} and "
+                         f"{middle_vocab} token ids")
+    return hierarchy.HierarchicalProposer(draft_small, draft)
+
+
+def _output_vocab(model) -> int | None:
+    """Token ids a model (or n-gram table) outputs: a reduced-vocabulary draft reports its full size."""
+    config = getattr(model, "config", None)
+    return getattr(config, "full_vocab_size", None) or getattr(config, "vocab_size", None)
 
 
 def policy_parameters(method: str) -> list[str]:
@@ -63,8 +93,10 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
     exactly, for every method (rejection sampling). `gamma` is the fixed draft length (`greedy`,
     `sampling`), the starting one (`adaptive-*`), or unused (stopping policies cap a round with their
     `max_gamma` parameter). `params` holds a policy's own parameters, e.g. `{"tau": 2.0}` for
-    `entropy-stop`; `policy_parameters(method)` lists them. Arguments a method does not use
-    (`draft` for `ar`, `draft_small`, `heads`) are accepted and ignored. Stops after
+    `entropy-stop`; `policy_parameters(method)` lists them. `hierarchical*` drafts with `draft_small`
+    (M1: a draft model or an `ngram.NgramDraft`) pre-verified by `draft` (M2). Arguments a method
+    does not use (`draft` for `ar`, `draft_small` outside `hierarchical*`, `heads`) are accepted and
+    ignored. Stops after
     `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
     `GenerationResult` whose `rounds` hold per-round statistics.
     """
@@ -72,8 +104,8 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
         raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'tau': 2.0}}, got {params!r}")
     if isinstance(method, policies.DraftingPolicy):  # your own policy object, with the draft model
         policy, method = method, method.name
-        if draft is None:
-            raise ValueError(f"policy {method!r} needs a draft model: pass draft=...")
+        proposer = make_proposer(f"policy {method!r}", draft, draft_small,
+                                 isinstance(policy, hierarchy.HierarchyPolicy))
         if params:
             raise ValueError(f"params are for a method name; a policy object ({method!r}) takes its parameters "
                              f"in its constructor")
@@ -81,7 +113,7 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
         if method in GREEDY_ONLY and temperature != 0:
             raise ValueError(f"policy {method!r} is greedy only (it reads the target's greedy output); "
                              f"got temperature {temperature!r}, allowed: 0")
-        return decode(target, DraftModelProposer(draft), policy, input_ids, max_new_tokens,
+        return decode(target, proposer, policy, input_ids, max_new_tokens,
                       Sampler(temperature, top_k, top_p), as_id_set(eos_token_id), generator, method)
     if not isinstance(method, str) or method not in POLICIES:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}, or a DraftingPolicy object")
@@ -94,8 +126,7 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
     if method == "ar":
         proposer, policy = NoDraft(), policies.DraftingPolicy(0)
     else:
-        if draft is None:
-            raise ValueError(f"method {method!r} needs a draft model: pass draft=...")
-        proposer, policy = DraftModelProposer(draft), make_policy(method, gamma, params, draft)
+        proposer = make_proposer(f"method {method!r}", draft, draft_small, method in HIERARCHICAL)
+        policy = make_policy(method, gamma, params, draft)
     return decode(target, proposer, policy, input_ids, max_new_tokens, Sampler(temperature, top_k, top_p),
                   as_id_set(eos_token_id), generator, method)

@@ -310,6 +310,8 @@ def parse_args(argv=None):
     ap.add_argument("--names", default="draft-s,draft-m", help=f"comma-separated, from {list(DRAFT_SHAPES)}")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="the target's dtype while it writes the corpus (auto: bfloat16 on cuda, else float32)")
     ap.add_argument("--sequences", type=int, default=24576, help="corpus size (target-written sequences)")
     ap.add_argument("--new-tokens", type=int, default=160, help="continuation length per sequence")
     ap.add_argument("--gen-batch", type=int, default=512)
@@ -343,6 +345,8 @@ def main(argv=None):
     seed_everything(args.seed)
     device = torch.device(args.device) if args.device else None
     dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
+    if args.dtype != "auto":
+        dtype = getattr(torch, args.dtype)
     target, tokenizer = load_model(args.target, device=device, dtype=dtype)
     for p in target.parameters():
         p.requires_grad_(False)

@@ -33,7 +33,21 @@ def method_params(method: str, hidden_size: int, reference=None) -> dict:
             "entropy-stop": {"tau0": 0.0},
             "confidence-stop": {"threshold": 0.5},
             "adaedl": {"lam0": 0.5},
-            "learned-stop": {"head": StopHead(hidden_size), "threshold": 0.3}}.get(method, {})
+            "learned-stop": {"head": StopHead(hidden_size), "threshold": 0.3},
+            # start confident, so that M2 loops back to M1 until the first rejections set the thresholds
+            "hierarchical": {"tau1_0": 20.0, "tau2_0": 20.0, "max_small": 2},
+            "hierarchical-noloop": {"tau1_0": 20.0, "max_small": 3}}.get(method, {})
+
+
+_SMALL = {}
+
+
+def other(drafts: dict, draft):
+    """M1 for the hierarchical methods (ignored by the others): a noisy copy of M2, so that M2
+    accepts some of its tokens and loops back to it."""
+    if id(draft) not in _SMALL:
+        _SMALL[id(draft)] = (draft, noisy_copy(draft, noise=0.02, seed=3))
+    return _SMALL[id(draft)][1]
 
 
 @pytest.fixture(scope="module", params=("tiny-llama", "tiny-gpt2"))
@@ -57,12 +71,13 @@ def test_greedy_output_equals_the_target_alone(models, method, gamma):
                 plain = generate(target, input_ids, max_new_tokens, method="ar")
                 params = method_params(method, hidden, plain.new_token_ids)
                 result = generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
-                                  params=params)
+                                  params=params, draft_small=other(drafts, draft))
                 assert result.new_token_ids == plain.new_token_ids, (method, seed, max_new_tokens)
                 check_round_statistics(result)
                 stops |= {r.stop for r in result.rounds}
     own_reason = {"entropy-stop": "entropy", "confidence-stop": "confidence", "adaedl": "adaedl",
-                  "learned-stop": "learned", "oracle": "oracle"}.get(method)
+                  "learned-stop": "learned", "oracle": "oracle", "hierarchical": "middle unsure",
+                  "hierarchical-noloop": "no loop-back"}.get(method)
     if own_reason:  # guards the test: the policy's own rule did stop rounds
         assert own_reason in stops
 
@@ -76,7 +91,8 @@ def test_greedy_stops_at_an_eos_inside_a_round(models, method):
     expected = free_run[:free_run.index(eos) + 1]
     for draft in drafts.values():
         params = method_params(method, draft.get_output_embeddings().in_features, expected)
-        result = generate(target, input_ids, 30, method=method, draft=draft, gamma=4, eos_token_id=eos, params=params)
+        result = generate(target, input_ids, 30, method=method, draft=draft, gamma=4, eos_token_id=eos, params=params,
+                          draft_small=other(drafts, draft))
         assert result.new_token_ids == expected
 
 
@@ -91,7 +107,8 @@ def check_round_statistics(result):
         assert 0 <= r.accepted <= r.drafted <= r.draft_forwards
         assert r.new_tokens <= r.accepted + 1
         assert min(r.draft_ms, r.verify_ms, r.bookkeeping_ms) >= 0
-        assert r.stop in {"gamma", "budget", "no draft", "entropy", "confidence", "adaedl", "learned", "oracle"}
+        assert r.stop in {"gamma", "budget", "no draft", "entropy", "confidence", "adaedl", "learned", "oracle",
+                          "middle rejected", "middle unsure", "no loop-back"}
         if r.stop == "gamma":
             assert r.drafted == r.gamma
 
@@ -130,6 +147,9 @@ def toy():
     return target, draft, prompt, exact
 
 
+TOY_SMALL = ToyLM(VOCAB, seed=2, sharpness=1.5)  # M1 of the hierarchical methods
+
+
 def run_method(toy, method, top_p=1.0, gamma=2, **overrides):
     target, draft, prompt, _ = toy
     params = method_params(method, 8) if method != "oracle" else {}
@@ -140,7 +160,7 @@ def run_method(toy, method, top_p=1.0, gamma=2, **overrides):
 
     def run(generator):
         result = generate(target, prompt, N_TOKENS, method=method, draft=draft, gamma=gamma, temperature=1.0,
-                          top_p=top_p, eos_token_id=EOS, generator=generator, params=params)
+                          top_p=top_p, eos_token_id=EOS, generator=generator, params=params, draft_small=TOY_SMALL)
         stops.extend(r.stop for r in result.rounds)
         return result.new_token_ids
 
@@ -154,11 +174,12 @@ def test_sampled_outputs_follow_the_target_distribution(toy, method):
     counts, stops = run_method(toy, method)
     exact = toy[3][1.0]
     assert chi_square_p_value(counts, exact) > MIN_P_VALUE, (method, total_variation(counts, exact))
-    if method not in ("ar", "sampling", "adaptive-hf", "adaptive-dual"):
+    if method not in ("ar", "sampling", "adaptive-hf", "adaptive-dual", "hierarchical", "hierarchical-noloop"):
+        # (the hierarchical rules need longer outputs: tests/test_hierarchy.py)
         assert POLICIES[method].reason in stops  # the stopping rule really fired
 
 
-@pytest.mark.parametrize("method", ["sampling", "entropy-stop", "learned-stop"])
+@pytest.mark.parametrize("method", ["sampling", "entropy-stop", "learned-stop", "hierarchical"])
 def test_sampled_outputs_follow_the_target_distribution_with_top_p(toy, method):
     counts, _ = run_method(toy, method, top_p=0.8, gamma=3)
     assert chi_square_p_value(counts, toy[3][0.8]) > MIN_P_VALUE

@@ -1,0 +1,206 @@
+"""Hierarchical drafting with three models and loop-back (HSDDW; notebook 05).
+
+Levels, fastest first: M1 (`small`: a small draft, or the zero-cost `ngram.NgramDraft`), M2
+(`middle`: a stronger draft), Mp (the target, run by the engine). One engine round:
+
+1. M1 drafts a few tokens, stopping early when its own entropy exceeds tau1 (self-verify,
+   notebook 04) or when it has nothing to say (an n-gram table with no match).
+2. M2 **pre-verifies** them in one forward: greedy matching, or rejection sampling with M1's
+   distributions as the proposal, then adds one token of its own (its correction at the first
+   rejection, or its bonus token). Every token that survives is therefore an exact sample from
+   M2 (notebook 02's theorem, one level down), and M2's distribution at it is known.
+3. **Loop-back**: if M2 accepted all of M1's tokens and is itself confident about the token it
+   added (its entropy <= tau2), go back to 1 from the new end. Otherwise (M2 rejected one of M1's
+   tokens, or is unsure, or the round is full) stop.
+4. The pending tokens go to the target as one proposal whose distributions are **M2's**; the
+   engine verifies them in one target pass (greedy matching, or rejection sampling), unchanged.
+
+Why it is lossless: the pending tokens are a draft of M2's own sampling process (step 2), with a
+length chosen by a stopping rule that looks only at what was produced before (M2's and M1's
+entropies, M2's verdicts); that is all the target's rejection sampling needs (notebook 04,
+section 2). Greedy: every pending token the target keeps equals its argmax.
+
+Thresholds are HSDDW's: tau1 is the running mean of M1's entropy at the tokens M2 rejected, tau2
+the running mean of M2's entropy at the tokens the target rejected (one per rejection), both
+starting at `tau*_0` (0 in HSDDW's code: one token per level until the first rejection).
+`hierarchical-noloop` skips step 3: one pre-verification per round, "pre-verify + self-verify".
+"""
+from __future__ import annotations
+
+import torch
+
+from .engine import DraftStep, Proposal, forward_uncached
+from .kv_cache import cache_length, trim_cache
+from .ngram import NgramDraft
+from .policies import DraftingPolicy, _count, _number, require
+from .sampling import rejection_sample, sample_token
+
+
+class HierarchyPolicy(DraftingPolicy):
+    """How much each level drafts. `max_gamma` caps the pending tokens of a round (M1's and M2's
+    together), `max_small` M1's tokens per pre-verification; tau1 / tau2 are fixed numbers (nats),
+    or None for HSDDW's adaptive running means starting at tau1_0 / tau2_0."""
+    name = "hierarchical"
+    reason = "middle unsure"  # the round stop that shows the loop-back rule at work
+    loop_back = True
+
+    def __init__(self, gamma: int = 4, max_gamma: int = 10, max_small: int = 4, tau1: float | None = None,
+                 tau2: float | None = None, tau1_0: float = 0.0, tau2_0: float = 0.0):
+        super().__init__(gamma)
+        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
+        require("max_small", max_small, _count(max_small, 0), "an integer >= 0")
+        for name, value in (("tau1", tau1), ("tau2", tau2)):
+            require(name, value, value is None or _number(value, 0), "a number >= 0 (nats) or None (adaptive)")
+        for name, value in (("tau1_0", tau1_0), ("tau2_0", tau2_0)):
+            require(name, value, _number(value, 0), "a number >= 0 (nats)")
+        self.max_gamma, self.max_small, self.initial_gamma = max_gamma, max_small, max_gamma
+        self.adaptive1, self.adaptive2 = tau1 is None, tau2 is None
+        self.tau1 = tau1_0 if tau1 is None else tau1
+        self.tau2 = tau2_0 if tau2 is None else tau2
+        self.rejected1: list[float] = []  # M1's entropy where M2 rejected
+        self.rejected2: list[float] = []  # M2's entropy where the target rejected
+        self.pending_entropies: list[float] = []  # M2's entropy at each token of the current round
+
+    def round_gamma(self) -> int:
+        return self.max_gamma
+
+    def stop_after(self, step) -> bool:  # M1's self-verify: propose the token, then stop if unsure
+        return step.entropy > self.tau1
+
+    def middle_rejected(self, entropy: float) -> None:
+        self.rejected1.append(entropy)
+        if self.adaptive1:
+            self.tau1 = sum(self.rejected1) / len(self.rejected1)
+
+    def middle_unsure(self, entropy: float) -> bool:
+        return entropy > self.tau2
+
+    def observe(self, stats) -> None:
+        if stats.accepted < stats.drafted:  # the target rejected pending token number `accepted`
+            self.rejected2.append(self.pending_entropies[stats.accepted])
+            if self.adaptive2:
+                self.tau2 = sum(self.rejected2) / len(self.rejected2)
+
+
+class NoLoopPolicy(HierarchyPolicy):
+    """`hierarchical-noloop`: M1 self-verifies, M2 pre-verifies once, the target verifies."""
+    name = "hierarchical-noloop"
+    reason = "no loop-back"
+    loop_back = False
+
+
+class HierarchicalProposer:
+    """M1 drafts, M2 pre-verifies (and loops back to M1 while confident); the engine's target
+    verifies what is pending. Each model keeps its own KV cache, rolled back at both levels."""
+
+    def __init__(self, small, middle):
+        self.small, self.middle = small, middle
+        self.small_cache = self.middle_cache = None
+        self.is_ngram = isinstance(small, NgramDraft)
+
+    def rollback(self, committed: int) -> None:
+        self.small_cache = _trim(self.small_cache, committed)
+        self.middle_cache = _trim(self.middle_cache, committed)
+
+    def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
+        pending, rows, sources, entropies = [], [], [], []
+        detail = {"small_forwards": 0, "middle_forwards": 0, "small_drafted": 0, "small_accepted": 0,
+                  "middle_tokens": 0, "pre_verifications": 0}
+        stop, vocab = "gamma", None
+        while len(pending) < gamma:
+            seq = _extend(tokens, pending)
+            small_tokens, small_rows, small_entropies, small_stop = self._draft_small(
+                seq, min(policy.max_small, gamma - len(pending) - 1), policy, sampler, generator,
+                index + len(pending), detail)
+            k = len(small_tokens)
+            logits, self.middle_cache = forward_uncached(self.middle, _extend(seq, small_tokens),
+                                                         self.middle_cache, k + 1)
+            detail["middle_forwards"] += 1
+            detail["pre_verifications"] += 1
+            vocab = logits.shape[-1]
+            new, n_accepted, pending_rows, confidence = self.pre_verify(small_tokens, small_rows, logits, sampler,
+                                                                        generator)
+            rows += pending_rows
+            entropies += torch.special.entr(confidence.float()).sum(-1).tolist()
+            pending += new
+            sources += ["small"] * n_accepted + ["middle"] * (len(new) - n_accepted)
+            detail["small_accepted"] += n_accepted
+            detail["middle_tokens"] += len(new) - n_accepted
+            kept = seq.shape[1] + n_accepted  # tokens both caches may keep: M2 agreed with them
+            self.small_cache = _trim(self.small_cache, kept)
+            self.middle_cache = _trim(self.middle_cache, kept)
+            if n_accepted < k:
+                policy.middle_rejected(small_entropies[n_accepted])
+                stop = "middle rejected"
+                break
+            if len(pending) >= gamma:
+                stop = "gamma"
+                break
+            if not policy.loop_back:
+                stop = "no loop-back"
+                break
+            if policy.middle_unsure(entropies[-1]):
+                stop = "middle unsure"
+                break
+        policy.pending_entropies = entropies
+        detail["sources"] = sources
+        draft_probs = torch.stack(rows) if rows else None
+        forwards = detail["small_forwards"] + detail["middle_forwards"]
+        return Proposal(torch.tensor(pending, dtype=tokens.dtype, device=tokens.device), draft_probs, stop,
+                        forwards, vocab, detail)
+
+    def pre_verify(self, small_tokens: list[int], small_rows: list, logits: torch.Tensor, sampler, generator):
+        """M2 judges M1's k tokens from its logits [k + 1, V]: greedy matching, or rejection sampling
+        with M1's rows as the proposal. Returns the tokens that stand (the accepted prefix plus M2's
+        own token), how many of M1's were accepted, M2's rows for them (when sampling: the target's
+        verifier needs the distribution each pending token is an exact sample of), and M2's
+        distributions there (for its entropy)."""
+        k = len(small_tokens)
+        if sampler.greedy:
+            choice = logits.argmax(-1)
+            n_accepted = int((torch.tensor(small_tokens, dtype=torch.long) == choice[:k]).long().cumprod(0).sum())
+            return (small_tokens[:n_accepted] + [int(choice[n_accepted])], n_accepted, [],
+                    logits[:n_accepted + 1].float().softmax(-1))
+        middle_probs = sampler.probs(logits)
+        small_probs = torch.stack(small_rows) if k else middle_probs[:0]
+        new = rejection_sample(small_probs, middle_probs, torch.tensor(small_tokens, dtype=torch.long),
+                               generator).tolist()
+        return new, len(new) - 1, list(middle_probs[:len(new)]), middle_probs[:len(new)]
+
+    def _draft_small(self, seq, limit, policy, sampler, generator, index, detail):
+        """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`).
+        Returns its tokens, the rows they were sampled from (when sampling), its entropies, and why
+        it stopped."""
+        tokens, rows, entropies, stop = [], [], [], "limit"
+        ids = seq[0].tolist() if self.is_ngram else None
+        candidate = seq
+        for position in range(limit):
+            if self.is_ngram:
+                logits = self.small.next_logits(ids + tokens)
+                if logits is None:
+                    stop = "no match"
+                    break
+            else:
+                out, self.small_cache = forward_uncached(self.small, candidate, self.small_cache)
+                logits = out[-1]
+                detail["small_forwards"] += 1
+            probs = None if sampler.greedy else sampler.probs(logits)
+            step = DraftStep(position, index + position, logits, None, probs)
+            step.drawn = int(logits.argmax()) if sampler.greedy else sample_token(probs, generator)
+            tokens.append(step.drawn)
+            rows.append(probs)
+            entropies.append(step.entropy)
+            candidate = torch.cat([candidate, candidate.new_tensor([[step.drawn]])], dim=1)
+            if policy.stop_after(step):
+                stop = "small unsure"
+                break
+        detail["small_drafted"] += len(tokens)
+        return tokens, rows, entropies, stop
+
+
+def _extend(tokens: torch.Tensor, more: list[int]) -> torch.Tensor:
+    return torch.cat([tokens, tokens.new_tensor([more])], dim=1) if more else tokens
+
+
+def _trim(cache, length: int):
+    return trim_cache(cache, min(cache_length(cache), length)) if cache is not None else None
