@@ -8,7 +8,8 @@ assisted generation on the same prompts, and count every forward pass.
 
 Methods: every method of `specdec_utils.generate` (`methods.METHODS`), plus `hf-assisted`
 (`target.generate(assistant_model=draft)` with a constant gamma, the same algorithm as `greedy`:
-Leviathan et al. 2023). `greedy` and `oracle` always decode greedily; every other method at
+Leviathan et al. 2023). `hierarchical*` draft with --draft-small (M1) under --draft (M2).
+`greedy` and `oracle` always decode greedily; every other method at
 --temperature and --top-p (`ar` at temperature 0 is plain greedy decoding). `oracle` is given the
 target's greedy output, computed untimed first. `--param METHOD.NAME=VALUE` sets a policy's
 parameter (`methods.policy_parameters`). Forward passes are counted with forward hooks on both
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                             description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m", help="target model name (default: %(default)s)")
     parser.add_argument("--draft", default="draft-m", help="draft model name (default: %(default)s)")
+    parser.add_argument("--draft-small", default="draft-s",
+                        help="M1 of the hierarchical methods, under --draft (M2): a draft model or 'ngram' "
+                             "(default: %(default)s)")
     parser.add_argument("--methods", type=_methods, default="ar,greedy",
                         help=f"comma-separated, from {', '.join(METHODS)} (default: %(default)s)")
     parser.add_argument("--prompts", type=Path, default=None,
@@ -170,13 +174,14 @@ def load(name: str, argument: str, device, dtype):
         raise UsageError(f"argument {argument}: {err}") from None
 
 
-def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name, draft_name) -> None:
+def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name, draft_name,
+                          argument: str = "--draft") -> None:
     """Speculative decoding compares token ids, so the draft must output the target's vocabulary
     (a reduced-vocabulary draft reports it as `config.full_vocab_size`) with the same tokenizer."""
     target_vocab = target.config.vocab_size
     draft_vocab = getattr(draft.config, "full_vocab_size", None) or draft.config.vocab_size
     if (target_vocab, len(tokenizer)) != (draft_vocab, len(draft_tokenizer)):
-        raise UsageError(f"argument --draft: {draft_name!r} outputs {draft_vocab} token ids with a "
+        raise UsageError(f"argument {argument}: {draft_name!r} outputs {draft_vocab} token ids with a "
                          f"{len(draft_tokenizer)}-token tokenizer, but target {target_name!r} outputs "
                          f"{target_vocab} with {len(tokenizer)}; the draft must share the target's tokenizer")
 
@@ -224,7 +229,7 @@ def full_vocab_config(draft):
 
 def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
              temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
-             params: dict | None = None) -> GenerationResult:
+             params: dict | None = None, draft_small=None) -> GenerationResult:
     """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
     (`greedy` and `oracle` at temperature 0), `hf-assisted` through Hugging Face. `drafted` and
     `accepted` are -1 where the method does not say."""
@@ -232,7 +237,7 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
         return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
                                        temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
                                        eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
-                                       params=params)
+                                       params=params, draft_small=draft_small)
     draft.generation_config.num_assistant_tokens = gamma
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0  # always draft gamma tokens
@@ -256,21 +261,27 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
 @dataclass(frozen=True)
 class Variant:
     """One benchmarked configuration: `method` run with its own `gamma` and policy `params`, reported
-    under `label` (e.g. Variant("fixed-6", "greedy", gamma=6))."""
+    under `label` (e.g. Variant("fixed-6", "greedy", gamma=6)), optionally with its own draft models
+    (`draft`, `draft_small`: names looked up in run_benchmark's `drafts`)."""
     label: str
     method: str
     gamma: int | None = None
     params: dict = field(default_factory=dict)
+    draft: str | None = None        # a key of run_benchmark's `drafts`; None: its `draft`
+    draft_small: str | None = None  # the same for M1 of the hierarchical methods
 
 
 def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
                   gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
-                  params: dict[str, dict] | None = None) -> list[dict]:
+                  params: dict[str, dict] | None = None, draft_small=None,
+                  drafts: dict | None = None) -> list[dict]:
     """One record per (prompt, method). `methods` holds method names (run with `gamma` and
     `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
     the same state. Each method first runs once, untimed, on the first prompt with the full token
     budget: on a GPU, short warm-ups leave kernel and allocator set-up for longer sequences inside
-    the first timed prompt. `oracle` gets the target's greedy output of each prompt, computed untimed."""
+    the first timed prompt. `oracle` gets the target's greedy output of each prompt, computed untimed.
+    A `Variant` naming its own `draft` / `draft_small` runs with `drafts[name]`, so methods with
+    different drafts share one run, prompt by prompt."""
     params = params or {}
     variants = [m if isinstance(m, Variant) else Variant(m, m, gamma, params.get(m, {})) for m in methods]
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(device) for row in rows]
@@ -280,10 +291,21 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                                           eos_token_id=tokenizer.eos_token_id).new_token_ids
                   for ids in encoded] if any(v.method == "oracle" for v in variants) else [None] * len(rows)
 
+    drafts = drafts or {}
+
+    def models_of(variant):
+        try:
+            return (drafts[variant.draft] if variant.draft else draft,
+                    drafts[variant.draft_small] if variant.draft_small else draft_small)
+        except KeyError as err:
+            raise ValueError(f"variant {variant.label!r} names draft {err.args[0]!r}, which `drafts` lacks; "
+                             f"allowed: {', '.join(drafts) or 'none'}") from None
+
     def run(variant, input_ids, reference):
         chosen = {**variant.params, "reference": reference} if variant.method == "oracle" else dict(variant.params)
-        return generate(variant.method, target, draft, input_ids, max_new_tokens, gamma=variant.gamma or gamma,
-                        params=chosen, **settings)
+        variant_draft, variant_small = models_of(variant)
+        return generate(variant.method, target, variant_draft, input_ids, max_new_tokens,
+                        gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small, **settings)
 
     for variant in variants:
         run(variant, encoded[0], references[0])
@@ -294,22 +316,27 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     records = []
     for row, input_ids, reference in zip(rows, encoded, references):
         for variant in variants:
-            target_calls, draft_calls = ForwardCounter(target), ForwardCounter(draft)
+            variant_draft, variant_small = models_of(variant)
+            target_calls, draft_calls = ForwardCounter(target), ForwardCounter(variant_draft)
+            small_calls = ForwardCounter(variant_small if variant.method in engine_methods.HIERARCHICAL else None)
             try:
                 with timer(device) as elapsed:
                     result = run(variant, input_ids, reference)
             finally:
                 target_calls.remove()
                 draft_calls.remove()
+                small_calls.remove()
             new_tokens = len(result.new_token_ids)
             if variant.method == "hf-assisted":  # each target pass verifies a round: accepted + 1 tokens
                 result.drafted, result.accepted = draft_calls.calls, new_tokens - target_calls.calls
             records.append({
                 "id": row["id"], "category": row.get("category"), "method": variant.label,
-                "engine_method": variant.method, "new_token_ids": result.new_token_ids,
+                "engine_method": variant.method, "draft": variant.draft, "draft_small": variant.draft_small,
+                "new_token_ids": result.new_token_ids,
                 "text": tokenizer.decode(result.new_token_ids, skip_special_tokens=True),
                 "wall_s": elapsed.seconds, "new_tokens": new_tokens, "target_calls": target_calls.calls,
-                "draft_calls": draft_calls.calls, "drafted": result.drafted, "accepted": result.accepted,
+                "draft_calls": draft_calls.calls, "small_calls": small_calls.calls,
+                "drafted": result.drafted, "accepted": result.accepted,
                 "gamma": variant.gamma or gamma,
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
                 "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
@@ -359,22 +386,27 @@ def main(argv: list[str] | None = None) -> int:
             if method not in args.methods:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
-        draft = None
+        draft = draft_small = None
         if any(method != "ar" for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
-            for method in args.methods:
-                if method in engine_methods.METHODS and method != "ar":
-                    check_policy(method, args.gamma, params.get(method, {}), draft)
+        if any(method in engine_methods.HIERARCHICAL for method in args.methods):
+            draft_small, small_tokenizer = load(args.draft_small, "--draft-small", args.device, dtype)
+            check_same_vocabulary(target, tokenizer, draft_small, small_tokenizer, args.target, args.draft_small,
+                                  "--draft-small")
+        for method in args.methods:
+            if method in engine_methods.METHODS and method != "ar":
+                check_policy(method, args.gamma, params.get(method, {}), draft)
     except UsageError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
 
-    print(f"target {args.target}, draft {args.draft if draft is not None else '-'} | {args.device} {args.dtype} | "
+    small = f" under draft-small {args.draft_small}" if draft_small is not None else ""
+    print(f"target {args.target}, draft {args.draft if draft is not None else '-'}{small} | {args.device} {args.dtype} | "
           f"gamma {args.gamma}, temperature {args.temperature}, top-p {args.top_p} | "
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
-                            args.temperature, args.top_p, args.seed, args.dtype, args.device, params)
+                            args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small)
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

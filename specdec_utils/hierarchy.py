@@ -39,14 +39,18 @@ from .sampling import rejection_sample, sample_token
 class HierarchyPolicy(DraftingPolicy):
     """How much each level drafts. `max_gamma` caps the pending tokens of a round (M1's and M2's
     together), `max_small` M1's tokens per pre-verification; tau1 / tau2 are fixed numbers (nats),
-    or None for HSDDW's adaptive running means starting at tau1_0 / tau2_0."""
+    or None for HSDDW's adaptive running means starting at tau1_0 / tau2_0. With
+    `reject_ends_round=False` (not HSDDW's rule) a round goes on after M2 corrects M1, as long as M2
+    is confident in its correction: M2's verdict on M1 then says nothing about M2's own tokens."""
     name = "hierarchical"
     reason = "middle unsure"  # the round stop that shows the loop-back rule at work
     loop_back = True
 
     def __init__(self, gamma: int = 4, max_gamma: int = 10, max_small: int = 4, tau1: float | None = None,
-                 tau2: float | None = None, tau1_0: float = 0.0, tau2_0: float = 0.0):
+                 tau2: float | None = None, tau1_0: float = 0.0, tau2_0: float = 0.0, reject_ends_round: bool = True):
         super().__init__(gamma)
+        require("reject_ends_round", reject_ends_round, isinstance(reject_ends_round, bool), "True or False")
+        self.reject_ends_round = reject_ends_round
         require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
         require("max_small", max_small, _count(max_small, 0), "an integer >= 0")
         for name, value in (("tau1", tau1), ("tau2", tau2)):
@@ -131,8 +135,9 @@ class HierarchicalProposer:
             self.middle_cache = _trim(self.middle_cache, kept)
             if n_accepted < k:
                 policy.middle_rejected(small_entropies[n_accepted])
-                stop = "middle rejected"
-                break
+                if policy.reject_ends_round:
+                    stop = "middle rejected"
+                    break
             if len(pending) >= gamma:
                 stop = "gamma"
                 break

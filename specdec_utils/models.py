@@ -28,6 +28,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = Path(os.environ.get("SPECDEC_CACHE", REPO_ROOT / "data" / "cache"))
 MODELS_DIR = REPO_ROOT / "data" / "models"
 LOCAL_DRAFTS = ("draft-s", "draft-m")
+NGRAM_NAME = "ngram"  # the zero-cost bottom level of notebook 05 (`ngram.NgramDraft`), for the SmolLM2 tokenizer
 TINY_MODELS = ("tiny-llama", "tiny-gpt2")
 HUB_EXAMPLES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
                 "HuggingFaceTB/SmolLM2-1.7B-Instruct", "distilgpt2", "gpt2-medium")
@@ -35,11 +36,12 @@ HUB_EXAMPLES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-36
 # A notebook's parameters cell picks one preset; SPECDEC_PRESET overrides it.
 PRESETS = {
     "offline": {"target": TARGET_NAME, "draft": "draft-m", "draft_small": "draft-s",
-                "draft_medium": "draft-m"},
+                "draft_medium": "draft-m", "ngram": NGRAM_NAME},
     "colab-gpu": {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
                   "draft": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_small": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_medium": "HuggingFaceTB/SmolLM2-360M-Instruct",
+                  "ngram": NGRAM_NAME,  # counted on the 135M's text; the SmolLM2 family shares its tokenizer
                   # A second family with its own tokenizer, for comparison.
                   "gpt2_target": "gpt2-medium", "gpt2_draft": "distilgpt2"},
 }
@@ -50,7 +52,7 @@ class UnknownModelError(ValueError):
 
 
 def known_names() -> list[str]:
-    return [TARGET_NAME, *LOCAL_DRAFTS, *TINY_MODELS, *HUB_EXAMPLES]
+    return [TARGET_NAME, *LOCAL_DRAFTS, NGRAM_NAME, *TINY_MODELS, *HUB_EXAMPLES]
 
 
 def get_preset(name: str | None = None) -> dict:
@@ -70,11 +72,19 @@ def load_model(name: str, device=None, dtype=None):
     then mps, then cpu) in `dtype` (default: float32 on cpu, bfloat16 on accelerators).
 
     Names: "smollm2-135m" (offline target), "draft-s"/"draft-m" (our distilled drafts),
+    "ngram" (the n-gram table of notebook 05: an `ngram.NgramDraft`, no weights, no device),
     "tiny-llama"/"tiny-gpt2" (random init, for tests), a local folder written by
     `save_pretrained`, or any hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
     """
     device = torch.device(device) if device is not None else get_device()
     dtype = dtype if dtype is not None else default_dtype(device)
+    if name == NGRAM_NAME:
+        from .ngram import NgramDraft
+        try:
+            table = NgramDraft.load(MODELS_DIR / NGRAM_NAME)
+        except FileNotFoundError as err:
+            raise UnknownModelError(str(err)) from None
+        return table, AutoTokenizer.from_pretrained(ensure_target_cache())
     if name == TARGET_NAME:
         path = ensure_target_cache()
         model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)

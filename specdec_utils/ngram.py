@@ -18,27 +18,32 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from torch import nn
 
 ORDERS = (3, 2)  # tokens of context: trigram table, then bigram table
 TABLE_FILE = "table.safetensors"
 LOG_FILE = "training_log.json"
 
 
-class NgramDraft:
+class NgramDraft(nn.Module):
     """Next-token counts for a context: the live text first, then the corpus table.
 
     `tables[n]` maps an n-token context (a tuple of ids, n in `ORDERS`) to (next ids, counts),
     at most `top` of them, most frequent first. `lookup` says where each answer came from
-    (`last_source`), for the notebook's plots."""
+    (`last_source`), for the notebook's plots. As the bottom level of `hierarchical` it is asked
+    through `next_logits`; it also has a causal LM's `forward`, so that any method can use it as
+    its draft (where nothing matches, its logits are flat: a token it cannot predict)."""
 
     def __init__(self, tables: dict[int, dict[tuple, tuple[list[int], list[int]]]], vocab_size: int,
                  use_context: bool = True, use_table: bool = True):
+        super().__init__()
         self.tables, self.vocab_size = tables, vocab_size
         self.use_context, self.use_table = use_context, use_table
         self.last_source = None
-        self.config = type("NgramConfig", (), {"vocab_size": vocab_size})()
+        self.config = SimpleNamespace(vocab_size=vocab_size)
 
     # ------------------------------------------------------------------ building, saving, loading
     @classmethod
@@ -129,6 +134,20 @@ class NgramDraft:
         logits = torch.full((self.vocab_size,), -float("inf"))
         logits[torch.tensor(found[0])] = torch.tensor(found[1], dtype=torch.float32).log()
         return logits
+
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=1, **kwargs):
+        """Logits [1, keep, V] for the last `logits_to_keep` positions (flat where nothing matches).
+        The "cache" is a legacy tuple holding the ids seen so far, as `exactness.ToyLM` does."""
+        seen = past_key_values[0][0][0, 0, :, 0].long().tolist() if past_key_values else []
+        ids = seen + input_ids[0].tolist()
+        keep = logits_to_keep or len(input_ids[0])
+        rows = []
+        for end in range(len(ids) - keep + 1, len(ids) + 1):
+            logits = self.next_logits(ids[:end])
+            rows.append(torch.zeros(self.vocab_size) if logits is None else logits)
+        stored = torch.tensor(ids, dtype=torch.float32)[None, None, :, None]
+        return SimpleNamespace(logits=torch.stack(rows)[None], past_key_values=((stored, stored),))
 
 
 def _context_counts(ids: list[int], n: int) -> tuple[list[int], list[int]] | None:

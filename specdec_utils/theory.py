@@ -102,3 +102,48 @@ def expected_tokens_per_round(acceptance, gamma: int) -> float:
     if len(a) < gamma:
         raise ValueError(f"need acceptance for {gamma} positions, got {len(a)}")
     return float(1 + np.cumprod(a).sum())
+
+
+# ------------------------------------------------------------------ two levels of drafting (notebook 05)
+def middle_cost_per_token(a12, gamma1, c1, c2):
+    """Target-forward time per token the middle level (M2) produces when M1 drafts `gamma1` tokens
+    (cost `c1` each) and M2 pre-verifies them in one forward (cost `c2`):
+    (gamma1 c1 + c2) / L(a12, gamma1), with L = `expected_accepted_length` (M2 accepts M1's tokens
+    at rate a12 and adds one of its own). gamma1 = 0 is M2 drafting alone: c2 per token."""
+    xp, (a, g, k1, k2), scalar = _prepare(a12, gamma1, c1, c2)
+    _check(xp, a, g, min_gamma=0)
+    return _finish((g * k1 + k2) / _accepted(xp, a, g), scalar)
+
+
+def expected_speedup_hierarchical(a12, a2p, gamma1, gamma2, c1, c2):
+    """Expected speedup of three-level drafting with fixed lengths: M2's pending tokens cost
+    `middle_cost_per_token` each instead of c2, and the target accepts them at rate a2p, so
+    Leviathan's formula applies with that effective cost: L(a2p, gamma2) / (gamma2 c_eff + 1).
+    It assumes i.i.d. acceptances, a pre-verification and a target pass that cost what one token
+    costs, and a round of exactly `gamma2` pending tokens (the real one comes in M2-sized chunks)."""
+    effective = middle_cost_per_token(a12, gamma1, c1, c2)
+    return expected_speedup(a2p, gamma2, effective)
+
+
+def best_pair_speedup(alpha, cost_ratio, max_gamma: int = 16) -> tuple[float, int]:
+    """(speedup, gamma) of the best fixed-gamma two-model pair (`expected_speedup`), gamma in 1..max_gamma."""
+    gammas = np.arange(1, max_gamma + 1)
+    speedups = expected_speedup(float(alpha), gammas, float(cost_ratio))
+    return float(speedups.max()), int(gammas[speedups.argmax()])
+
+
+def best_hierarchy_speedup(a12, a2p, c1, c2, max_gamma: int = 16) -> tuple[float, int, int]:
+    """(speedup, gamma1, gamma2) of the best fixed-length hierarchy (`expected_speedup_hierarchical`),
+    gamma1 in 0..max_gamma and gamma2 in 1..max_gamma; gamma1 = 0 is the M2 pair itself."""
+    g1, g2 = np.meshgrid(np.arange(0, max_gamma + 1), np.arange(1, max_gamma + 1), indexing="ij")
+    speedups = expected_speedup_hierarchical(float(a12), float(a2p), g1, g2, float(c1), float(c2))
+    i, j = np.unravel_index(np.argmax(speedups), speedups.shape)
+    return float(speedups[i, j]), int(g1[i, j]), int(g2[i, j])
+
+
+def hierarchy_gain(a12, a2p, a1p, c1, c2, max_gamma: int = 16) -> float:
+    """Best hierarchy / best of the two pairs (M1 -> target at a1p, c1; M2 -> target at a2p, c2).
+    Above 1 a third level pays; the hierarchy includes the M2 pair (gamma1 = 0), so it is never
+    below the M2 pair, but the M1 pair may beat both."""
+    pairs = max(best_pair_speedup(a1p, c1, max_gamma)[0], best_pair_speedup(a2p, c2, max_gamma)[0])
+    return best_hierarchy_speedup(a12, a2p, c1, c2, max_gamma)[0] / pairs

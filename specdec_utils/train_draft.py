@@ -10,6 +10,12 @@ others (see `models.ReducedVocabLlamaForCausalLM`).
     python -m specdec_utils.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
     python -m specdec_utils.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
         --new-tokens 32 --out /tmp/drafts                                        # a CPU smoke run
+    python -m specdec_utils.train_draft --names ngram --device cpu --dtype bfloat16 \
+        --corpus corpus.pt                                                       # notebook 05's n-gram table
+
+`ngram` is not trained but counted: `ngram.NgramDraft.build` over the same target-written corpus
+(the continuation tokens only), evaluated like the drafts (top-1 agreement with the target's greedy
+continuations of the held-out prompts, with the live text as context) and saved with its log.
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from .models import MODELS_DIR, ReducedVocabLlamaForCausalLM, load_model
+from .models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
+from .ngram import NgramDraft
 from .prompts import build_prompts, format_prompt
 from .utils import progress, seed_everything
 
@@ -307,7 +314,9 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--names", default="draft-s,draft-m", help=f"comma-separated, from {list(DRAFT_SHAPES)}")
+    ap.add_argument("--names", default="draft-s,draft-m",
+                    help=f"comma-separated, from {[*DRAFT_SHAPES, NGRAM_NAME]}")
+    ap.add_argument("--ngram-min-count", type=int, default=2, help="ngram: drop contexts seen fewer times")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
@@ -328,9 +337,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     names = args.names.split(",")
-    bad = [n for n in names if n not in DRAFT_SHAPES]
+    bad = [n for n in names if n not in (*DRAFT_SHAPES, NGRAM_NAME)]
     if bad:
-        ap.error(f"--names: unknown draft {bad[0]!r}; allowed: {', '.join(DRAFT_SHAPES)}")
+        ap.error(f"--names: unknown draft {bad[0]!r}; allowed: {', '.join([*DRAFT_SHAPES, NGRAM_NAME])}")
     for arg in ("sequences", "new_tokens", "gen_batch", "vocab_size", "steps", "batch_size"):
         if getattr(args, arg) < 1:
             ap.error(f"--{arg.replace('_', '-')} must be >= 1, got {getattr(args, arg)}")
@@ -338,6 +347,49 @@ def parse_args(argv=None):
         ap.error("--corpus-only needs --corpus PATH (where to write the corpus)")
     args.names = names
     return args
+
+
+def ngram_agreement(table: NgramDraft, tokenizer, rows: list[dict], continuations: list[list[int]]) -> dict:
+    """Teacher-forced on the target's greedy continuations: how often the table has an answer
+    (`coverage`), how often its top-1 is the target's token where it has one (`hit_rate`) and
+    overall (`agreement`, no answer counting as a miss), and where the answers came from."""
+    answered = hits = positions = 0
+    sources: dict[str, int] = {}
+    for row, cont in zip(rows, continuations):
+        ids = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        for token in cont:
+            found = table.lookup(ids)
+            positions += 1
+            if found is not None:
+                answered += 1
+                hits += found[0][0] == token
+                sources[table.last_source] = sources.get(table.last_source, 0) + 1
+            ids = ids + [token]
+    return {"coverage": answered / positions, "hit_rate": hits / max(answered, 1), "agreement": hits / positions,
+            "positions": positions, "prompts": len(rows), "sources": sources}
+
+
+def build_ngram(target, tokenizer, corpus: list[dict], args, command: str) -> None:
+    """Count the n-gram table on the corpus, evaluate it on the held-out prompts, save it with its log."""
+    started = time.time()
+    table = NgramDraft.build([(s["ids"], s["prompt_len"]) for s in corpus], target.config.vocab_size,
+                             min_count=args.ngram_min_count)
+    eval_rows = build_prompts("eval")
+    continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
+    metrics = {"with_context": ngram_agreement(table, tokenizer, eval_rows, continuations)}
+    table.use_context = False
+    metrics["table_only"] = ngram_agreement(table, tokenizer, eval_rows, continuations)
+    table.use_context, table.use_table = True, False
+    metrics["context_only"] = ngram_agreement(table, tokenizer, eval_rows, continuations)
+    table.use_table = True
+    print(NGRAM_NAME, table.size, json.dumps(metrics), flush=True)
+    out = args.out / NGRAM_NAME
+    table.save(out, log={"name": NGRAM_NAME, "command": command, "contexts": {str(n): c for n, c in table.size.items()},
+                         "min_count": args.ngram_min_count, "corpus_sequences": len(corpus),
+                         "corpus_tokens": sum(len(s["ids"]) for s in corpus),
+                         "corpus_continuation_tokens": sum(len(s["ids"]) - s["prompt_len"] for s in corpus),
+                         "target_dtype": str(target.dtype).replace("torch.", ""),
+                         "eval": metrics, "seconds": time.time() - started})
 
 
 def main(argv=None):
@@ -361,6 +413,12 @@ def main(argv=None):
     print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
     if args.corpus_only:
         return 0
+    command = "python -m specdec_utils.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
+    if NGRAM_NAME in args.names:
+        build_ngram(target, tokenizer, corpus, args, command)
+        args.names = [n for n in args.names if n != NGRAM_NAME]
+        if not args.names:
+            return 0
     vocab = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
     cont = torch.cat([torch.tensor(s["ids"][s["prompt_len"]:]) for s in corpus])
     coverage = torch.isin(cont, vocab).float().mean().item()
@@ -381,7 +439,7 @@ def main(argv=None):
         print(name, json.dumps(metrics), flush=True)
         out = args.out / name
         draft.save_pretrained(out)
-        record = {"name": name, "command": "python -m specdec_utils.train_draft " + " ".join(sys.argv[1:] if argv is None else argv),
+        record = {"name": name, "command": command,
                   "shape": DRAFT_SHAPES[name], "vocab_size": len(vocab), "vocab_coverage": coverage,
                   "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
                   "parameters": sum(p.numel() for p in draft.parameters()),

@@ -46,6 +46,9 @@ def run_main(capsys, argv):
 
 @pytest.mark.parametrize("argv, message", [
     (["--gamma", "0"], "argument --gamma: must be an integer >= 1, got '0'"),
+    (["--methods", "hierarchical", "--draft-small", "draft-x"], "argument --draft-small: unknown model 'draft-x'"),
+    (["--methods", "hierarchical", "--param", "hierarchical.max_small=-1"],
+     "argument --param: max_small must be an integer >= 0, got -1"),
     (["--gamma", "two"], "argument --gamma: must be an integer >= 1, got 'two'"),
     (["--temperature", "-1"], "argument --temperature: must be a number >= 0"),
     (["--top-p", "0"], "argument --top-p: must be a number in (0, 1], got '0'"),
@@ -158,6 +161,30 @@ def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tm
         assert by_key[prompt_id, "entropy-stop"]["params"] == {"tau": 1.5}
         assert by_key[prompt_id, "oracle"]["accepted"] == by_key[prompt_id, "oracle"]["drafted"]
     assert "wasted/token" in out and "draft calls/token" in out
+
+
+@pytest.mark.parametrize("small", ["tiny-llama", "ngram"])
+def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tmp_path, small):
+    """`--draft-small` is M1 under `--draft` (M2): a model, or the shipped n-gram table; greedy output is
+    the target's, and the records carry the per-level counts."""
+    out_file = tmp_path / "hierarchy.json"
+    methods = ["ar", "hierarchical", "hierarchical-noloop"]
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--draft-small", small,
+                                       "--methods", ",".join(methods), "--prompts", str(prompts_file),
+                                       "--max-new-tokens", "12", "--device", "cpu", "--param", "hierarchical.tau2_0=9.0",
+                                       "--out", str(out_file)])
+    assert code == 0, err
+    assert f"under draft-small {small}" in out
+    records = json.loads(out_file.read_text())
+    by_key = {(r["id"], r["method"]): r for r in records}
+    for prompt_id in ("story", "chat"):
+        for method in methods[1:]:
+            record = by_key[prompt_id, method]
+            assert record["new_token_ids"] == by_key[prompt_id, "ar"]["new_token_ids"]
+            detail = record["detail"]
+            assert detail["small_accepted"] + detail["middle_tokens"] == record["drafted"]
+            assert record["draft_calls"] == detail["middle_forwards"]
+            assert record["small_calls"] == (0 if small == "ngram" else detail["small_forwards"])
 
 
 def test_hf_assisted_accepts_a_reduced_vocabulary_draft():

@@ -97,3 +97,28 @@ def test_rejects_negative_cost_ratio():
         expected_speedup(0.5, 3, -0.01)
     with pytest.raises(ValueError, match="cost_ratio"):
         expected_speedup(0.5, 3, torch.tensor([0.1, -1.0]))
+
+
+# --- two levels (notebook 05) -------------------------------------------------------------------
+from specdec_utils.theory import (best_hierarchy_speedup, best_pair_speedup, expected_speedup_hierarchical,
+                                  hierarchy_gain, middle_cost_per_token)
+
+
+def test_middle_cost_per_token():
+    assert middle_cost_per_token(0.3, 0, 0.05, 0.1) == pytest.approx(0.1)  # M2 alone
+    # M1 always right and free: one M2 pass yields gamma1 + 1 tokens
+    assert middle_cost_per_token(1.0, 3, 0.0, 0.1) == pytest.approx(0.1 / 4)
+    # M1 never right: its drafts only add cost
+    assert middle_cost_per_token(0.0, 3, 0.01, 0.1) == pytest.approx(0.13)
+
+
+def test_hierarchy_reduces_to_the_middle_pair_and_beats_it_only_with_a_cheap_agreeing_bottom():
+    assert expected_speedup_hierarchical(0.5, 0.7, 0, 4, 0.01, 0.1) == pytest.approx(expected_speedup(0.7, 4, 0.1))
+    pair, gamma = best_pair_speedup(0.7, 0.1)
+    assert pair == pytest.approx(max(expected_speedup(0.7, g, 0.1) for g in range(1, 17))) and gamma >= 1
+    speedup, g1, g2 = best_hierarchy_speedup(0.0, 0.7, 0.01, 0.1)  # a useless M1 is left out
+    assert (g1, speedup) == (0, pytest.approx(pair))
+    assert best_hierarchy_speedup(0.9, 0.7, 0.001, 0.1)[0] > 1.2 * pair  # a free, agreeing M1 pays
+    # two drafts of equal cost and near-equal quality: no hierarchy beats the better pair
+    assert hierarchy_gain(0.8, 0.66, 0.63, 0.1, 0.1) <= 1.0
+    assert hierarchy_gain(0.9, 0.7, 0.2, 0.001, 0.1) > 1.1
