@@ -361,14 +361,15 @@ def summary_table(records: list[dict]) -> str:
                   for key in ("new_tokens", "wall_s", "target_calls", "draft_calls", "drafted", "accepted")}
               for m in methods}
     speed = {m: t["new_tokens"] / t["wall_s"] for m, t in totals.items()}
-    lines = [f"{'method':<16} {'tokens/s':>9} {'tokens/target call':>19} {'acceptance':>11} {'wasted/token':>13} "
+    width = max([16, *map(len, methods)])
+    lines = [f"{'method':<{width}} {'tokens/s':>9} {'tokens/target call':>19} {'acceptance':>11} {'wasted/token':>13} "
              f"{'draft calls/token':>18} {'speedup vs ar':>14}"]
     for method, total in totals.items():
         drafted = total["drafted"] > 0
         acceptance = f"{total['accepted'] / total['drafted']:.2f}" if drafted else "-"
         wasted = f"{(total['drafted'] - total['accepted']) / total['new_tokens']:.2f}" if drafted else "-"
         speedup = f"{speed[method] / speed['ar']:.2f}x" if "ar" in speed else "-"
-        lines.append(f"{method:<16} {speed[method]:>9.1f} {total['new_tokens'] / total['target_calls']:>19.2f} "
+        lines.append(f"{method:<{width}} {speed[method]:>9.1f} {total['new_tokens'] / total['target_calls']:>19.2f} "
                      f"{acceptance:>11} {wasted:>13} {total['draft_calls'] / total['new_tokens']:>18.2f} {speedup:>14}")
     return "\n".join(lines)
 

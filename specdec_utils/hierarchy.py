@@ -113,7 +113,7 @@ class HierarchicalProposer:
         stop, vocab = "gamma", None
         while len(pending) < gamma:
             seq = _extend(tokens, pending)
-            small_tokens, small_rows, small_entropies, small_stop = self._draft_small(
+            small_tokens, small_rows, small_entropies = self._draft_small(
                 seq, min(policy.max_small, gamma - len(pending) - 1), policy, sampler, generator,
                 index + len(pending), detail)
             k = len(small_tokens)
@@ -174,16 +174,14 @@ class HierarchicalProposer:
 
     def _draft_small(self, seq, limit, policy, sampler, generator, index, detail):
         """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`).
-        Returns its tokens, the rows they were sampled from (when sampling), its entropies, and why
-        it stopped."""
-        tokens, rows, entropies, stop = [], [], [], "limit"
+        Returns its tokens, the rows they were sampled from (when sampling) and its entropies."""
+        tokens, rows, entropies = [], [], []
         ids = seq[0].tolist() if self.is_ngram else None
         candidate = seq
         for position in range(limit):
             if self.is_ngram:
                 logits = self.small.next_logits(ids + tokens)
-                if logits is None:
-                    stop = "no match"
+                if logits is None:  # no match: nothing to propose
                     break
             else:
                 out, self.small_cache = forward_uncached(self.small, candidate, self.small_cache)
@@ -197,10 +195,9 @@ class HierarchicalProposer:
             entropies.append(step.entropy)
             candidate = torch.cat([candidate, candidate.new_tensor([[step.drawn]])], dim=1)
             if policy.stop_after(step):
-                stop = "small unsure"
                 break
         detail["small_drafted"] += len(tokens)
-        return tokens, rows, entropies, stop
+        return tokens, rows, entropies
 
 
 def _extend(tokens: torch.Tensor, more: list[int]) -> torch.Tensor:

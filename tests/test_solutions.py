@@ -119,3 +119,50 @@ def test_ch04_cost_aware_stop_is_lossless_and_stops(ch04):
     result = generate(target, input_ids, 30, method=ch04.CostAwareStop(head, 1.0, t_verify, token_ms=8.0), draft=draft)
     assert result.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
     assert any(r.stop == "cost" for r in result.rounds)
+
+
+@pytest.fixture(scope="module")
+def ch05():
+    return load("ch05")
+
+
+def test_ch05_tau2_sweep_variants_run_losslessly(ch05):
+    from specdec_utils import bench
+    variants = ch05.tau2_sweep((0.5, 2.0))
+    assert [v.params.get("tau2") for v in variants] == [0.5, 2.0, None, None]
+    assert all(v.draft_small == "ngram" for v in variants[:3]) and variants[-1].method == "entropy-stop"
+    target = random_model("tiny-llama", seed=0)
+    middle = noisy_copy(target, noise=0.01, seed=1)
+    from specdec_utils.ngram import NgramDraft
+    table = NgramDraft({3: {}, 2: {}}, vocab_size=target.config.vocab_size)
+    input_ids = random_prompt(6, 2)
+    for variant in variants[:3]:
+        result = generate(target, input_ids, 20, method=variant.method, draft=middle, draft_small=table,
+                          params=variant.params)
+        assert result.new_token_ids == generate(target, input_ids, 20, method="ar").new_token_ids
+    assert isinstance(variants[0], bench.Variant)
+
+
+def test_ch05_kept_tokens_are_biased_unless_the_drafts_agree(ch05):
+    p = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02])
+    q = torch.tensor([0.10, 0.35, 0.25, 0.05, 0.10, 0.05, 0.10, 0.00])
+    kept, tv = ch05.kept_token_distribution(p, q)
+    torch.testing.assert_close(kept.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert tv > 0.05 and kept[-1] == 0  # a token M1 never proposes is never kept
+    assert ch05.kept_token_distribution(p, p)[1] == pytest.approx(0.0)
+
+
+def test_ch05_min_agreement_for_gain(ch05):
+    a12 = ch05.min_agreement_for_gain(0.1, 0.3, 0.8)
+    assert a12 is not None and 0.3 < a12 < 0.95
+    assert ch05.min_agreement_for_gain(0.1, 0.3, 0.8, gain=1.2) > a12  # a bigger gain needs more agreement
+    assert ch05.min_agreement_for_gain(0.5, 0.05, 0.75) is None  # a cheap M2 leaves nothing to gain
+
+
+def test_ch05_context_only_ignores_the_table(ch05):
+    from specdec_utils.ngram import NgramDraft
+    table = NgramDraft.build([([5, 6, 7, 8, 5, 6, 7, 9], 0)], vocab_size=20, min_count=1)
+    assert table.lookup([0, 5, 6, 7]) is not None
+    lookup_only = ch05.context_only(table)
+    assert lookup_only.lookup([0, 5, 6, 7]) is None
+    assert lookup_only.lookup([5, 6, 7, 1, 5, 6, 7]) == ([1], [1])
