@@ -163,7 +163,8 @@ class HierarchicalProposer:
         k = len(small_tokens)
         if sampler.greedy:
             choice = logits.argmax(-1)
-            n_accepted = int((torch.tensor(small_tokens, dtype=torch.long) == choice[:k]).long().cumprod(0).sum())
+            drafted = torch.tensor(small_tokens, dtype=torch.long, device=choice.device)
+            n_accepted = int((drafted == choice[:k]).long().cumprod(0).sum())
             return (small_tokens[:n_accepted] + [int(choice[n_accepted])], n_accepted, [],
                     logits[:n_accepted + 1].float().softmax(-1))
         middle_probs = sampler.probs(logits)
@@ -183,6 +184,7 @@ class HierarchicalProposer:
                 logits = self.small.next_logits(ids + tokens)
                 if logits is None:  # no match: nothing to propose
                     break
+                logits = logits.to(seq.device)
             else:
                 out, self.small_cache = forward_uncached(self.small, candidate, self.small_cache)
                 logits = out[-1]

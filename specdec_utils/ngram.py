@@ -2,10 +2,11 @@
 n-grams counted on text the target wrote (notebook 05's bottom level).
 
 `NgramDraft` answers "what usually comes next?" by looking up the last tokens, longest context
-first: the live text at 3 then 2 tokens (prompt lookup decoding, Saxena 2023: copy what followed
-the same tokens earlier in the prompt or the output), then the target-written corpus at 3 then 2
-tokens (a trigram / bigram model, the bottom level of Cascade Speculative Drafting, arXiv
-2312.11462). The answer is a distribution: the counts of the tokens that followed, as logits
+first, and at each length the live text before the corpus: the last 3 tokens in the live text
+(prompt lookup decoding, Saxena 2023: copy what followed the same tokens earlier in the prompt or
+the output), then in a table counted on target-written text (a trigram model), then the last 2
+tokens, live text then table (a bigram model, the bottom level of Cascade Speculative Drafting,
+arXiv 2312.11462). The answer is a distribution: the counts of the tokens that followed, as logits
 (log count; -inf for every other token), so the engine samples from it, measures its entropy and
 verifies it exactly like a model's. No match anywhere: `None`, and the level stops drafting.
 
@@ -113,9 +114,9 @@ class NgramDraft(nn.Module):
     def lookup(self, ids: list[int]) -> tuple[list[int], list[int]] | None:
         """(next ids, counts) for the end of `ids`, longest context first; None if nothing matches."""
         for n in ORDERS:
-            if len(ids) <= n:
+            if len(ids) < n:
                 continue
-            if self.use_context:
+            if self.use_context and len(ids) > n:
                 found = _context_counts(ids, n)
                 if found:
                     self.last_source = f"context-{n}"
@@ -147,7 +148,7 @@ class NgramDraft(nn.Module):
             logits = self.next_logits(ids[:end])
             rows.append(torch.zeros(self.vocab_size) if logits is None else logits)
         stored = torch.tensor(ids, dtype=torch.float32)[None, None, :, None]
-        return SimpleNamespace(logits=torch.stack(rows)[None], past_key_values=((stored, stored),))
+        return SimpleNamespace(logits=torch.stack(rows)[None].to(input_ids.device), past_key_values=((stored, stored),))
 
 
 def _context_counts(ids: list[int], n: int) -> tuple[list[int], list[int]] | None:

@@ -134,9 +134,11 @@ def best_pair_speedup(alpha, cost_ratio, max_gamma: int = 16) -> tuple[float, in
 
 def best_hierarchy_speedup(a12, a2p, c1, c2, max_gamma: int = 16) -> tuple[float, int, int]:
     """(speedup, gamma1, gamma2) of the best fixed-length hierarchy (`expected_speedup_hierarchical`),
-    gamma1 in 0..max_gamma and gamma2 in 1..max_gamma; gamma1 = 0 is the M2 pair itself."""
+    gamma2 in 1..max_gamma and gamma1 in 0..gamma2 - 1 (a round holds gamma2 tokens and M2 adds one
+    of its own to M1's, as `hierarchy.HierarchicalProposer` does); gamma1 = 0 is the M2 pair itself."""
     g1, g2 = np.meshgrid(np.arange(0, max_gamma + 1), np.arange(1, max_gamma + 1), indexing="ij")
     speedups = expected_speedup_hierarchical(float(a12), float(a2p), g1, g2, float(c1), float(c2))
+    speedups = np.where(g1 < g2, speedups, -np.inf)
     i, j = np.unravel_index(np.argmax(speedups), speedups.shape)
     return float(speedups[i, j]), int(g1[i, j]), int(g2[i, j])
 
@@ -144,6 +146,9 @@ def best_hierarchy_speedup(a12, a2p, c1, c2, max_gamma: int = 16) -> tuple[float
 def hierarchy_gain(a12, a2p, a1p, c1, c2, max_gamma: int = 16) -> float:
     """Best hierarchy / best of the two pairs (M1 -> target at a1p, c1; M2 -> target at a2p, c2).
     Above 1 a third level pays; the hierarchy includes the M2 pair (gamma1 = 0), so it is never
-    below the M2 pair, but the M1 pair may beat both."""
-    pairs = max(best_pair_speedup(a1p, c1, max_gamma)[0], best_pair_speedup(a2p, c2, max_gamma)[0])
+    below the M2 pair, but the M1 pair may beat both. `a1p=None` leaves the M1 pair out: the gain
+    over the M2 pair alone, which does not depend on how M1 would fare by itself."""
+    pairs = best_pair_speedup(a2p, c2, max_gamma)[0]
+    if a1p is not None:
+        pairs = max(pairs, best_pair_speedup(a1p, c1, max_gamma)[0])
     return best_hierarchy_speedup(a12, a2p, c1, c2, max_gamma)[0] / pairs

@@ -188,3 +188,13 @@ def test_thresholds_are_running_means_of_rejected_entropies():
     fixed = HierarchyPolicy(tau1=0.3, tau2=0.2)
     fixed.middle_rejected(5.0)
     assert (fixed.tau1, fixed.tau2) == (0.3, 0.2)
+
+
+def test_a_hierarchy_policy_object_runs_with_both_drafts(tiny):
+    target, middle, prompts, table = tiny
+    plain = generate(target, prompts[2], 20, method="ar").new_token_ids
+    result = generate(target, prompts[2], 20, method=HierarchyPolicy(max_small=2, tau1=50.0, tau2=50.0), draft=middle,
+                      draft_small=table)
+    assert result.new_token_ids == plain and result.method == "hierarchical"
+    with pytest.raises(ValueError, match="policy 'hierarchical-noloop' needs draft_small"):
+        generate(target, prompts[2], 20, method=NoLoopPolicy(), draft=middle)

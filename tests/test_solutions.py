@@ -156,7 +156,8 @@ def test_ch05_min_agreement_for_gain(ch05):
     a12 = ch05.min_agreement_for_gain(0.1, 0.3, 0.8)
     assert a12 is not None and 0.3 < a12 < 0.95
     assert ch05.min_agreement_for_gain(0.1, 0.3, 0.8, gain=1.2) > a12  # a bigger gain needs more agreement
-    assert ch05.min_agreement_for_gain(0.5, 0.05, 0.75) is None  # a cheap M2 leaves nothing to gain
+    assert ch05.min_agreement_for_gain(0.25, 0.053, 0.624) > ch05.min_agreement_for_gain(0.25, 0.3, 0.8)
+    assert ch05.min_agreement_for_gain(0.5, 0.02, 0.75) is None  # a cheap M2 leaves nothing to gain
 
 
 def test_ch05_context_only_ignores_the_table(ch05):

@@ -36,10 +36,10 @@ def kept_token_distribution(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Ten
 def min_agreement_for_gain(cost_ratio: float, c2: float, a2p: float, gain: float = 1.1,
                            grid=np.linspace(0.01, 0.99, 99)) -> float | None:
     """The lowest M1-M2 agreement a12 on `grid` at which M1 (cost `cost_ratio` * c2) under M2 (cost
-    c2, acceptance a2p) beats the best pair by `gain`, with a1p = a12 * a2p as in the notebook's map;
-    None if no agreement on the grid is enough."""
+    c2, acceptance a2p) beats the best M2 pair by `gain`, as the notebook's map measures it (the M1
+    pair left out); None if no agreement on the grid is enough."""
     for a12 in grid:
-        if theory.hierarchy_gain(float(a12), a2p, float(a12) * a2p, cost_ratio * c2, c2) >= gain:
+        if theory.hierarchy_gain(float(a12), a2p, None, cost_ratio * c2, c2) >= gain:
             return float(a12)
     return None
 
