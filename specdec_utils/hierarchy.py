@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine import DraftStep, Proposal, forward_uncached
+from .engine import DraftModelProposer, DraftStep, Proposal, forward_uncached, greedy_verify
 from .kv_cache import cache_length, trim_cache
 from .ngram import NgramDraft
 from .policies import DraftingPolicy, _count, _number, require
@@ -63,12 +63,14 @@ class HierarchyPolicy(DraftingPolicy):
         self.tau2 = tau2_0 if tau2 is None else tau2
         self.rejected1: list[float] = []  # M1's entropy where M2 rejected
         self.rejected2: list[float] = []  # M2's entropy where the target rejected
+        self.small_entropies: list[float] = []  # M1's entropy at each token of the current pre-verification
         self.pending_entropies: list[float] = []  # M2's entropy at each token of the current round
 
     def round_gamma(self) -> int:
         return self.max_gamma
 
     def stop_after(self, step) -> bool:  # M1's self-verify: propose the token, then stop if unsure
+        self.small_entropies.append(step.entropy)
         return step.entropy > self.tau1
 
     def middle_rejected(self, entropy: float) -> None:
@@ -98,12 +100,14 @@ class HierarchicalProposer:
     verifies what is pending. Each model keeps its own KV cache, rolled back at both levels."""
 
     def __init__(self, small, middle):
-        self.small, self.middle = small, middle
-        self.small_cache = self.middle_cache = None
         self.is_ngram = isinstance(small, NgramDraft)
+        # a model M1 drafts exactly as a two-model draft does, with the policy's self-verify
+        self.small = small if self.is_ngram else DraftModelProposer(small)
+        self.middle, self.middle_cache = middle, None
 
     def rollback(self, committed: int) -> None:
-        self.small_cache = _trim(self.small_cache, committed)
+        if not self.is_ngram:
+            self.small.rollback(committed)
         self.middle_cache = _trim(self.middle_cache, committed)
 
     def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
@@ -113,7 +117,7 @@ class HierarchicalProposer:
         stop, vocab = "gamma", None
         while len(pending) < gamma:
             seq = _extend(tokens, pending)
-            small_tokens, small_rows, small_entropies = self._draft_small(
+            small_tokens, small_rows = self._draft_small(
                 seq, min(policy.max_small, gamma - len(pending) - 1), policy, sampler, generator,
                 index + len(pending), detail)
             k = len(small_tokens)
@@ -130,11 +134,9 @@ class HierarchicalProposer:
             sources += ["small"] * n_accepted + ["middle"] * (len(new) - n_accepted)
             detail["small_accepted"] += n_accepted
             detail["middle_tokens"] += len(new) - n_accepted
-            kept = seq.shape[1] + n_accepted  # tokens both caches may keep: M2 agreed with them
-            self.small_cache = _trim(self.small_cache, kept)
-            self.middle_cache = _trim(self.middle_cache, kept)
+            self.rollback(seq.shape[1] + n_accepted)  # what both caches may keep: M2 agreed with it
             if n_accepted < k:
-                policy.middle_rejected(small_entropies[n_accepted])
+                policy.middle_rejected(policy.small_entropies[n_accepted])
                 if policy.reject_ends_round:
                     stop = "middle rejected"
                     break
@@ -162,11 +164,8 @@ class HierarchicalProposer:
         distributions there (for its entropy)."""
         k = len(small_tokens)
         if sampler.greedy:
-            choice = logits.argmax(-1)
-            drafted = torch.tensor(small_tokens, dtype=torch.long, device=choice.device)
-            n_accepted = int((drafted == choice[:k]).long().cumprod(0).sum())
-            return (small_tokens[:n_accepted] + [int(choice[n_accepted])], n_accepted, [],
-                    logits[:n_accepted + 1].float().softmax(-1))
+            new = greedy_verify(torch.tensor(small_tokens, dtype=torch.long, device=logits.device), logits).tolist()
+            return new, len(new) - 1, [], logits[:len(new)].float().softmax(-1)
         middle_probs = sampler.probs(logits)
         small_probs = torch.stack(small_rows) if k else middle_probs[:0]
         new = rejection_sample(small_probs, middle_probs, torch.tensor(small_tokens, dtype=torch.long),
@@ -174,32 +173,30 @@ class HierarchicalProposer:
         return new, len(new) - 1, list(middle_probs[:len(new)]), middle_probs[:len(new)]
 
     def _draft_small(self, seq, limit, policy, sampler, generator, index, detail):
-        """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`).
-        Returns its tokens, the rows they were sampled from (when sampling) and its entropies."""
-        tokens, rows, entropies = [], [], []
-        ids = seq[0].tolist() if self.is_ngram else None
-        candidate = seq
-        for position in range(limit):
-            if self.is_ngram:
+        """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`, which
+        records M1's entropies). Returns its tokens and the rows they were sampled from (when sampling)."""
+        policy.small_entropies = []
+        if not self.is_ngram:
+            proposal = self.small.propose(seq, limit, policy, sampler, generator, index)
+            detail["small_forwards"] += proposal.forwards
+            tokens = proposal.tokens.tolist()
+            rows = list(proposal.probs) if proposal.probs is not None else [None] * len(tokens)
+        else:
+            tokens, rows, ids = [], [], seq[0].tolist()
+            for position in range(limit):
                 logits = self.small.next_logits(ids + tokens)
                 if logits is None:  # no match: nothing to propose
                     break
                 logits = logits.to(seq.device)
-            else:
-                out, self.small_cache = forward_uncached(self.small, candidate, self.small_cache)
-                logits = out[-1]
-                detail["small_forwards"] += 1
-            probs = None if sampler.greedy else sampler.probs(logits)
-            step = DraftStep(position, index + position, logits, None, probs)
-            step.drawn = int(logits.argmax()) if sampler.greedy else sample_token(probs, generator)
-            tokens.append(step.drawn)
-            rows.append(probs)
-            entropies.append(step.entropy)
-            candidate = torch.cat([candidate, candidate.new_tensor([[step.drawn]])], dim=1)
-            if policy.stop_after(step):
-                break
+                probs = None if sampler.greedy else sampler.probs(logits)
+                step = DraftStep(position, index + position, logits, None, probs)
+                step.drawn = int(logits.argmax()) if sampler.greedy else sample_token(probs, generator)
+                tokens.append(step.drawn)
+                rows.append(probs)
+                if policy.stop_after(step):
+                    break
         detail["small_drafted"] += len(tokens)
-        return tokens, rows, entropies
+        return tokens, rows
 
 
 def _extend(tokens: torch.Tensor, more: list[int]) -> torch.Tensor:
@@ -207,4 +204,4 @@ def _extend(tokens: torch.Tensor, more: list[int]) -> torch.Tensor:
 
 
 def _trim(cache, length: int):
-    return trim_cache(cache, min(cache_length(cache), length)) if cache is not None else None
+    return trim_cache(cache, min(cache_length(cache), length))
