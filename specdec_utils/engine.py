@@ -30,7 +30,9 @@ from functools import cached_property
 
 import torch
 
+from . import tree as trees
 from .kv_cache import cache_length, trim_cache
+from .medusa import capture_hidden
 from .sampling import rejection_sample, sample_token, warp_logits
 
 
@@ -175,13 +177,18 @@ class DraftStep:
 class Proposal:
     """A round's candidates: `tokens` [k] and, when sampling, `probs` [k, V], the distributions
     q_i they were drawn from (what rejection sampling needs). `forwards` counts draft passes;
-    `detail` holds a proposer's own per-round counts, copied to `RoundStats.detail`."""
+    `detail` holds a proposer's own per-round counts, copied to `RoundStats.detail`.
+
+    A tree (notebook 06) also sets `parents` [k] (`tree.py`: parents[i] < i, -1 = a child of the
+    root); `probs` is then the distribution each node was drawn from, or None when every node was
+    chosen deterministically (top-k guesses), which sampled verification treats as one-hot."""
     tokens: torch.Tensor
     probs: torch.Tensor | None
     stop: str
     forwards: int
     vocab: int | None = None  # logits per position of the proposing model, once it ran
     detail: dict = field(default_factory=dict)
+    parents: torch.Tensor | None = None
 
 
 class NoDraft:
@@ -255,6 +262,16 @@ def _last_hidden_state(model, wanted: bool):
         handle.remove()
 
 
+@contextmanager
+def _maybe_capture(model, wanted: bool):
+    """`medusa.capture_hidden(model)` while `wanted` (a proposer that reads the target's hidden state)."""
+    if not wanted:
+        yield None
+        return
+    with capture_hidden(model) as hidden:
+        yield hidden
+
+
 # --------------------------------------------------------------------------- verifying
 def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
     """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
@@ -309,25 +326,47 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
         stop = "budget" if proposal.stop == "gamma" and room < gamma else proposal.stop
         t1 = time.perf_counter()
 
-        try:
-            target_logits, target_cache = forward_uncached(
-                target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
-        except IndexError:  # a drafted id outside the target's embedding table: a larger draft vocabulary
-            if not k:
-                raise
-            raise ValueError(f"draft and target must share the output vocabulary: the draft proposed token id "
-                             f"{int(proposal.tokens.max())}, which the target's embedding table does not hold") from None
+        needs_hidden = getattr(proposer, "needs_target_hidden", False)
+        tree = proposal.parents is not None
+        prefix = tokens.shape[1]
+        with _maybe_capture(target, needs_hidden) as hidden:
+            try:
+                if tree:
+                    target_logits, target_cache = trees.forward_tree(
+                        target, tokens, proposal.tokens, proposal.parents, target_cache, num_logits=k + 1)
+                else:
+                    target_logits, target_cache = forward_uncached(
+                        target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
+            except IndexError:  # a drafted id outside the target's embedding table: a larger draft vocabulary
+                if not k:
+                    raise
+                raise ValueError(f"draft and target must share the output vocabulary: the draft proposed token id "
+                                 f"{int(proposal.tokens.max())}, which the target's embedding table does not hold") from None
         if proposal.vocab not in (None, target_logits.shape[-1]):
             raise ValueError(f"draft and target must share the output vocabulary, got "
                              f"{proposal.vocab} and {target_logits.shape[-1]} logits")
-        new_tokens = verify(proposal, target_logits, sampler, generator)
+        if tree:
+            typical = policy.typical if getattr(policy, "acceptance", "exact") == "typical" else None
+            new_list, path = trees.verify_tree(proposal.tokens, proposal.parents, proposal.probs, target_logits,
+                                               sampler, generator, typical)
+            new_tokens = torch.tensor(new_list)
+            row = path[-1] + 1 if path else 0  # the logits row that produced the last new token
+        else:
+            new_tokens = verify(proposal, target_logits, sampler, generator)
+            row = len(new_tokens) - 1
         t2 = time.perf_counter()
 
         n_accepted = len(new_tokens) - 1
         kept = _append_until_eos(result.new_token_ids, new_tokens.tolist(), eos_ids)
         tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
         committed = tokens.shape[1] - 1  # the newest token is in no cache yet
+        if tree:  # keep the accepted path's keys and values, in place after the prefix
+            t3 = time.perf_counter()
+            target_cache = trees.gather_cache(target_cache, prefix, torch.tensor(path[:len(kept)], dtype=torch.long))
+            proposal.detail["kv_trim_ms"] = (time.perf_counter() - t3) * 1e3
         target_cache = trim_cache(target_cache, committed)
+        if needs_hidden:
+            proposer.observe_target(hidden[0][0, hidden[0].shape[1] - (k + 1) + row])
         proposer.rollback(committed)
         if len(result.accepted_per_position) < n_accepted:
             result.accepted_per_position += [0] * (n_accepted - len(result.accepted_per_position))

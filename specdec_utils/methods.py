@@ -8,12 +8,14 @@
 | `adaptive-hf`, `adaptive-dual`, `oracle` | the draft model | gamma chosen per round (notebook 03) |
 | `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) |
 | `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) pre-verified by `draft` (M2) | per level (notebook 05) |
+| `medusa` | Medusa `heads` on the target: a token tree | tree template, size, pruning (notebook 06) |
+| `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) |
 """
 from __future__ import annotations
 
 import inspect
 
-from . import hierarchy, policies
+from . import hierarchy, policies, tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 
 POLICIES = {
@@ -29,15 +31,32 @@ POLICIES = {
     "learned-stop": policies.LearnedStop,
     "hierarchical": hierarchy.HierarchyPolicy,
     "hierarchical-noloop": hierarchy.NoLoopPolicy,
+    "medusa": tree_drafting.MedusaPolicy,
+    "draft-tree": tree_drafting.DraftTreePolicy,
 }
 METHODS = tuple(POLICIES)
 GREEDY_ONLY = ("oracle",)
 HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
+TREES = ("medusa", "draft-tree")
 
 
-def make_proposer(what: str, draft, draft_small, hierarchical: bool = False):
+def make_proposer(what: str, draft, draft_small, hierarchical: bool = False, kind: str = "chain",
+                  heads=None, target=None):
     """The proposer for `what` ("method 'greedy'", "policy 'mine'"): the draft model, or
-    (hierarchical) `draft_small` under `draft`."""
+    (hierarchical) `draft_small` under `draft`, or (kind "medusa" / "draft-tree") a tree proposer."""
+    if kind == "medusa":
+        if not isinstance(heads, tree_drafting.MedusaHeads):
+            raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.medusa.load_heads('medusa-heads', "
+                             f"target)), got {type(heads).__name__}")
+        if heads.target is not target:
+            raise ValueError(f"{what}: these heads are attached to another target object; load them for this one: "
+                             f"load_heads(name, target)")
+        return tree_drafting.MedusaProposer(heads)
+    if kind == "draft-tree":
+        if draft is None or isinstance(draft, hierarchy.NgramDraft) or not callable(draft):
+            raise ValueError(f"{what} needs draft=... a transformers draft model (it runs tree-masked forwards), "
+                             f"got {type(draft).__name__}")
+        return tree_drafting.DraftTreeProposer(draft)
     if draft is None:
         raise ValueError(f"{what} needs a draft model: pass draft=...")
     if not hierarchical:
@@ -92,11 +111,12 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
     tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
     exactly, for every method (rejection sampling). `gamma` is the fixed draft length (`greedy`,
     `sampling`), the starting one (`adaptive-*`), or unused (stopping policies cap a round with their
-    `max_gamma` parameter). `params` holds a policy's own parameters, e.g. `{"tau": 2.0}` for
+    `max_gamma` parameter), or the tree's depth (`medusa`, `draft-tree`). `params` holds a policy's own parameters, e.g. `{"tau": 2.0}` for
     `entropy-stop`; `policy_parameters(method)` lists them. `hierarchical*` drafts with `draft_small`
-    (M1: a draft model or an `ngram.NgramDraft`) pre-verified by `draft` (M2). Arguments a method
-    does not use (`draft` for `ar`, `draft_small` outside `hierarchical*`, `heads`) are accepted and
-    ignored. Stops after
+    (M1: a draft model or an `ngram.NgramDraft`) pre-verified by `draft` (M2); `medusa` guesses a
+    token tree with `heads` (`medusa.load_heads`), `draft-tree` grows one with `draft`. Arguments a
+    method does not use (`draft` for `ar` and `medusa`, `draft_small` outside `hierarchical*`,
+    `heads` outside `medusa`) are accepted and ignored. Stops after
     `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
     `GenerationResult` whose `rounds` hold per-round statistics.
     """
@@ -104,8 +124,10 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
         raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'tau': 2.0}}, got {params!r}")
     if isinstance(method, policies.DraftingPolicy):  # your own policy object, with the draft model
         policy, method = method, method.name
+        kind = ("medusa" if isinstance(policy, tree_drafting.MedusaPolicy) else
+                "draft-tree" if isinstance(policy, tree_drafting.DraftTreePolicy) else "chain")
         proposer = make_proposer(f"policy {method!r}", draft, draft_small,
-                                 isinstance(policy, hierarchy.HierarchyPolicy))
+                                 isinstance(policy, hierarchy.HierarchyPolicy), kind, heads, target)
         if params:
             raise ValueError(f"params are for a method name; a policy object ({method!r}) takes its parameters "
                              f"in its constructor")
@@ -126,7 +148,8 @@ def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", dra
     if method == "ar":
         proposer, policy = NoDraft(), policies.DraftingPolicy(0)
     else:
-        proposer = make_proposer(f"method {method!r}", draft, draft_small, method in HIERARCHICAL)
+        kind = method if method in TREES else "chain"
+        proposer = make_proposer(f"method {method!r}", draft, draft_small, method in HIERARCHICAL, kind, heads, target)
         policy = make_policy(method, gamma, params, draft)
     return decode(target, proposer, policy, input_ids, max_new_tokens, Sampler(temperature, top_k, top_p),
                   as_id_set(eos_token_id), generator, method)

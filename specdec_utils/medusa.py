@@ -1,0 +1,223 @@
+"""Medusa heads (Cai et al. 2024) on the frozen target: K small heads read the target's last hidden
+state and guess the tokens after its next one, so one target pass can verify a whole tree of guesses.
+
+Head k (k = 1..K) at position t reads the target's hidden state h_t (the input of its final norm)
+and predicts the token at t + 1 + k: head 1 guesses the token *after* the one the target itself is
+about to write. Each head is
+
+    logits_k(h) = lm_head( x + SiLU(W_k x + b_k) ),   x = RMSNorm_target(h)
+
+with a frozen copy of the target's final RMSNorm first (seed 004's missing-norm bug: without it the
+head sees the un-normalised residual stream, whose scale is far from what lm_head expects), a
+residual block whose linear layer starts at zero (so at step 0 every head *is* the target's own
+next-token predictor), and the target's lm_head, shared and frozen. Only the K residual blocks
+train (K x (H^2 + H) parameters; 1.3 M for K = 4 on SmolLM2-135M).
+
+`vocab_ids` optionally restricts the heads' output to a slice of the vocabulary (rows of lm_head):
+the tokens the target writes most, as the drafts use. The guesses are then the top tokens of the
+slice; notebook 06 measures what this saves and costs.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .models import MODELS_DIR
+
+HEADS_NAME = "medusa-heads"
+
+
+def final_norm(target) -> nn.Module:
+    """The target's final normalisation layer (whose input is the hidden state the heads read)."""
+    for path in ("model.norm", "transformer.ln_f"):
+        module = target
+        for part in path.split("."):
+            module = getattr(module, part, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ValueError(f"Medusa heads need a target with a final norm at model.norm (Llama-style) or "
+                     f"transformer.ln_f (GPT-2-style); {type(target).__name__} has neither")
+
+
+@contextmanager
+def capture_hidden(target):
+    """While active, element 0 of the yielded list is the input of the target's final norm in its
+    latest forward: the hidden states [B, n, H] the heads read."""
+    captured = []
+
+    def keep(module, args, output):
+        captured[:] = [args[0]]
+
+    handle = final_norm(target).register_forward_hook(keep)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads for `target`. `use_norm=False` builds seed 004's bug (no norm before the
+    residual block). The lm_head weight is the target's (not a parameter of the heads, not saved)."""
+
+    def __init__(self, target, num_heads: int = 4, use_norm: bool = True, vocab_ids: torch.Tensor | None = None):
+        super().__init__()
+        if not (isinstance(num_heads, int) and num_heads >= 1):
+            raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+        hidden = target.config.hidden_size
+        self.num_heads, self.use_norm = num_heads, use_norm
+        self.norm = copy.deepcopy(final_norm(target)) if use_norm else nn.Identity()
+        for p in self.norm.parameters():
+            p.requires_grad_(False)
+        self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self._target = [target]  # a list: not a submodule (its weights are not the heads')
+        self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.long().clone(), persistent=False)
+        self.to(device=target.device, dtype=next(target.parameters()).dtype)
+        self.trained_steps = 0
+        self.name = "untrained"
+        self.rank_accuracy: list[list[float]] | None = None  # P(rank-r guess of head k is right), measured
+
+    @property
+    def target(self):
+        return self._target[0]
+
+    @property
+    def lm_weight(self) -> torch.Tensor:
+        weight = self.target.get_output_embeddings().weight
+        return weight if self.vocab_ids is None else weight[self.vocab_ids]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.get_output_embeddings().weight.shape[0]
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., K, H]: each head's input to lm_head."""
+        x = self.norm(h)
+        return torch.stack([x + F.silu(block(x)) for block in self.blocks], dim=-2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., K, V'] for hidden states h [..., H] (V' = len(vocab_ids) if sliced)."""
+        return self.hidden(h) @ self.lm_weight.T
+
+    @torch.no_grad()
+    def topk(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For one hidden state h [H]: (token ids [K, k], log-probs [K, k]) of each head's top k,
+        ids in the full vocabulary. Ties are broken by the lower id (a stable order)."""
+        logp = torch.log_softmax(self(h).float(), -1)
+        values, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        ids = idx if self.vocab_ids is None else self.vocab_ids[idx]
+        return ids, values
+
+    def with_vocab(self, vocab_ids: torch.Tensor | None) -> "MedusaHeads":
+        """A view of these heads (same trained blocks) whose output is restricted to `vocab_ids`."""
+        other = copy.copy(self)
+        other._buffers = dict(self._buffers)
+        other._buffers["vocab_ids"] = None if vocab_ids is None else vocab_ids.long().to(self.blocks[0].weight.device)
+        return other
+
+    # ------------------------------------------------------------------ saving
+    def save(self, path) -> None:
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {f"blocks.{i}.{n}": t.detach().to(torch.bfloat16).contiguous().cpu()
+                 for i, b in enumerate(self.blocks) for n, t in b.state_dict().items()}
+        save_file(state, str(path / "heads.safetensors"))
+        config = {"num_heads": self.num_heads, "hidden_size": self.blocks[0].in_features,
+                  "use_norm": self.use_norm, "trained_steps": self.trained_steps,
+                  "target_vocab_size": self.vocab_size, "rank_accuracy": self.rank_accuracy}
+        (path / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHeads:
+    """Heads saved by `MedusaHeads.save` (a name under data/models, or a path), attached to
+    `target` (its final norm and lm_head). Refuses heads trained for another shape."""
+    from safetensors.torch import load_file
+    path = Path(name_or_path)
+    if not path.exists():
+        path = MODELS_DIR / str(name_or_path)
+    if not (path / "heads.safetensors").exists():
+        raise ValueError(f"no Medusa heads at {path} (expected heads.safetensors and config.json); "
+                         f"train them with python -m specdec_utils.train_medusa")
+    config = json.loads((path / "config.json").read_text())
+    hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
+    if config["hidden_size"] != hidden or config.get("target_vocab_size", vocab) != vocab:
+        raise ValueError(f"heads at {path} were trained for hidden size {config['hidden_size']} and "
+                         f"{config.get('target_vocab_size')} tokens; this target has {hidden} and {vocab}")
+    heads = MedusaHeads(target, config["num_heads"], config["use_norm"] if use_norm is None else use_norm)
+    state = load_file(str(path / "heads.safetensors"))
+    heads.blocks.load_state_dict({k[len("blocks."):]: v for k, v in state.items()})
+    heads.to(device=target.device, dtype=next(target.parameters()).dtype)
+    heads.trained_steps, heads.name = config.get("trained_steps", 0), path.name
+    heads.rank_accuracy = config.get("rank_accuracy")
+    return heads
+
+
+# ---------------------------------------------------------------------- training and evaluation
+def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, target_logits: torch.Tensor,
+               mask: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """Distillation loss: head k at position t matches the target's own distribution at t + k
+    (which predicts token t + k + 1), forward KL, averaged over valid positions and heads.
+    hidden [B, n, H], target_logits [B, n, V], mask [B, n]. Returns (loss, top-1 agreement per head
+    with the target's argmax there). With `vocab_ids`, both sides are restricted to the slice."""
+    if heads.vocab_ids is not None:
+        target_logits = target_logits[..., heads.vocab_ids]
+    losses, agree = [], []
+    states = heads.hidden(hidden)  # [B, n, K, H]
+    weight = heads.lm_weight
+    for k in range(1, heads.num_heads + 1):
+        valid = (mask[:, :-k] * mask[:, k:]).bool()
+        if not valid.any():
+            continue
+        student = torch.log_softmax((states[:, :-k, k - 1][valid] @ weight.T).float(), -1)
+        teacher = torch.softmax(target_logits[:, k:][valid].float(), -1)
+        losses.append((teacher * (torch.log(teacher.clamp_min(1e-12)) - student)).sum(-1).mean())
+        agree.append((student.argmax(-1) == teacher.argmax(-1)).float().mean().item())
+    return torch.stack(losses).mean(), agree
+
+
+@torch.no_grad()
+def head_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], int]],
+                  topk: tuple[int, ...] = (1, 5, 10)) -> dict:
+    """Per-head acceptance on the target's own greedy continuations, teacher-forced: for each
+    (ids, n) (prompt of n tokens + continuation), head k at position t >= n - 1 is right at
+    top-j when the continuation token at t + 1 + k is among its j best guesses.
+    Returns {"top1": [per head], "top5": [...], ..., "positions": [per head]}."""
+    hits = {j: [0] * heads.num_heads for j in topk}
+    counts = [0] * heads.num_heads
+    device = heads.blocks[0].weight.device
+    for ids, n in sequences:
+        x = torch.tensor([ids], device=device)
+        with capture_hidden(target) as hidden:
+            target(input_ids=x, logits_to_keep=1)
+        logits = heads(hidden[0][0])  # [len, K, V']
+        best = logits.topk(max(topk), dim=-1).indices
+        if heads.vocab_ids is not None:
+            best = heads.vocab_ids[best]
+        for k in range(1, heads.num_heads + 1):
+            if len(ids) - 1 - k <= n - 1:
+                continue
+            truth = x[0, n + k:]  # the token at t + 1 + k for t = n - 1 .. len - 2 - k
+            rows = best[n - 1:len(ids) - 1 - k, k - 1]
+            for j in topk:
+                hits[j][k - 1] += int((rows[:, :j] == truth[:, None]).any(-1).sum())
+            counts[k - 1] += len(truth)
+    out = {f"top{j}": [h / max(c, 1) for h, c in zip(hits[j], counts)] for j in topk}
+    out["positions"] = counts
+    return out
+
+
+def rank_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], int]], ranks: int = 10) -> list[list[float]]:
+    """acc[k][r] = how often head k+1's rank-r guess is the right token (teacher-forced, as in
+    `head_accuracy`): the input of Medusa's sparse-tree construction (`tree.sparse_paths`)."""
+    acc = head_accuracy(heads, target, sequences, topk=tuple(range(1, ranks + 1)))
+    return [[acc[f"top{r + 1}"][k] - (acc[f"top{r}"][k] if r else 0.0) for r in range(ranks)]
+            for k in range(heads.num_heads)]

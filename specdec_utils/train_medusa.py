@@ -1,0 +1,188 @@
+"""Train Medusa heads on the frozen target (notebook 06), by distillation on target-written text.
+
+Head k at every position t of every sequence learns the target's own distribution at t + k (forward
+KL), read from the same target forward that supplies the hidden states: no labels, no other model.
+Recipe (seed 004's): AdamW, peak lr 3e-4 after 500 linear warm-up steps, cosine to 1e-5, gradient
+clip 1.0, bf16 autocast on CUDA.
+
+    python -m specdec_utils.train_medusa --device cuda                 # the shipped heads (H100)
+    python -m specdec_utils.train_medusa --device cpu --sequences 32 --new-tokens 32 --steps 20 \
+        --out /tmp/heads                                               # a CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss
+from .models import MODELS_DIR, load_model
+from .prompts import build_prompts, format_prompt
+from .train_draft import _batch, generate_corpus, greedy_continuations
+from .utils import progress, seed_everything
+
+
+def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
+          cosine_steps: int | None = None) -> float:
+    """Linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over the remaining
+    `cosine_steps` (default: the rest of training), then `eta_min`. Seed 004's schedule bug is
+    `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, (steps - warmup) if cosine_steps is None else cosine_steps)
+    done = min(1.0, (step - warmup) / span)
+    return eta_min + (peak - eta_min) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def train_heads(heads: MedusaHeads, batches, steps: int, peak_lr: float = 3e-4, warmup: int = 500,
+                eta_min: float = 1e-5, cosine_steps: int | None = None, clip: float = 1.0,
+                log_every: int = 25, evaluate=None, eval_every: int = 250,
+                time_budget_s: float = float("inf")) -> list[dict]:
+    """AdamW on the heads' residual blocks. `batches()` returns (hidden [B, n, H], target logits
+    [B, n, V], mask [B, n]) for one step; `evaluate(heads)` (optional) returns a dict logged every
+    `eval_every` steps. Returns the log (step, loss, per-head agreement, lr, seconds)."""
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    device = heads.blocks[0].weight.device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    master = heads.blocks[0].weight.dtype
+    if device.type == "cuda" and master != torch.float32:
+        heads.blocks.float()  # fp32 master weights under bf16 autocast
+    log, start = [], time.time()
+    heads.train()
+    for step in progress(range(steps), desc="training heads"):
+        lr = lr_at(step, steps, peak_lr, warmup, eta_min, cosine_steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        hidden, target_logits, mask = batches()
+        with autocast:
+            loss, agree = heads_loss(heads, hidden, target_logits, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        heads.trained_steps += 1
+        last = step == steps - 1 or time.time() - start > time_budget_s
+        if step % log_every == 0 or last:
+            entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": lr,
+                     "seconds": round(time.time() - start, 2)}
+            if evaluate is not None and (step % eval_every == 0 or last):
+                heads.eval()
+                with autocast:
+                    entry["heldout"] = evaluate(heads)
+                heads.train()
+            log.append(entry)
+        if last:
+            break
+    heads.eval()
+    if device.type == "cuda":
+        heads.blocks.to(master)
+    return log
+
+
+def target_batches(target, corpus: list[dict], batch_size: int, max_len: int, seed: int = 0):
+    """A `batches` function for `train_heads`: random corpus sequences through the frozen target."""
+    rng = random.Random(seed)
+
+    @torch.no_grad()
+    def batches():
+        ids, mask = _batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len,
+                           target.device)
+        with capture_hidden(target) as hidden:
+            logits = target(input_ids=ids, attention_mask=mask).logits
+        return hidden[0], logits, mask
+    return batches
+
+
+def heldout_sequences(target, tokenizer, rows: list[dict], new_tokens: int = 64) -> list[tuple[list[int], int]]:
+    """(prompt + the target's greedy continuation, prompt length) for each row."""
+    continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
+    out = []
+    for row, cont in zip(rows, continuations):
+        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        out.append((prompt + cont, len(prompt)))
+    return out
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--num-heads", type=int, default=4)
+    ap.add_argument("--sequences", type=int, default=12288, help="corpus size (target-written sequences)")
+    ap.add_argument("--new-tokens", type=int, default=160)
+    ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--gen-budget-s", type=float, default=float("inf"), help="stop writing the corpus after this")
+    ap.add_argument("--corpus", type=Path, default=None, help="cache the corpus here (reused if present)")
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--eta-min", type=float, default=1e-5)
+    ap.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts for the curves (0 = all)")
+    ap.add_argument("--heldout-prompts", type=int, default=0, help="held-out prompts for the final table (0 = all)")
+    ap.add_argument("--train-budget-s", type=float, default=float("inf"))
+    ap.add_argument("--out", type=Path, default=MODELS_DIR / HEADS_NAME)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.num_heads < 1 or args.steps < 1 or args.batch_size < 1:
+        ap.error("--num-heads, --steps and --batch-size must be >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    seed_everything(args.seed)
+    device = torch.device(args.device) if args.device else None
+    dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
+    target, tokenizer = load_model(args.target, device=device, dtype=dtype)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    if args.corpus and args.corpus.exists():
+        corpus = torch.load(args.corpus)
+    else:
+        corpus = generate_corpus(target, tokenizer, args.sequences, args.new_tokens, args.gen_batch, seed=args.seed,
+                                 time_budget_s=args.gen_budget_s)
+        if args.corpus:
+            torch.save(corpus, args.corpus)
+    n_tokens = sum(len(s["ids"]) for s in corpus)
+    print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
+    eval_rows = build_prompts("eval")
+    if args.heldout_prompts:
+        eval_rows = random.Random(args.seed).sample(eval_rows, min(args.heldout_prompts, len(eval_rows)))
+    curve_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts or len(eval_rows), len(eval_rows)))
+    all_seqs = heldout_sequences(target, tokenizer, eval_rows)
+    curve_seqs = [all_seqs[eval_rows.index(r)] for r in curve_rows]
+    heads = MedusaHeads(target, args.num_heads)
+    step0 = head_accuracy(heads, target, all_seqs)
+    print("step 0 (every head = the target's next-token predictor):", json.dumps(step0), flush=True)
+    log = train_heads(heads, target_batches(target, corpus, args.batch_size, args.max_len, args.seed),
+                      args.steps, args.lr, args.warmup, args.eta_min,
+                      evaluate=lambda h: head_accuracy(h, target, curve_seqs, topk=(1,)),
+                      time_budget_s=args.train_budget_s)
+    final = head_accuracy(heads, target, all_seqs)
+    print("trained:", json.dumps(final), flush=True)
+    heads.save(args.out)
+    command = "python -m specdec_utils.train_medusa " + " ".join(sys.argv[1:] if argv is None else argv)
+    record = {"name": args.out.name, "command": command, "num_heads": args.num_heads,
+              "parameters": sum(p.numel() for p in heads.blocks.parameters()),
+              "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
+              "recipe": {"peak_lr": args.lr, "warmup": args.warmup, "eta_min": args.eta_min, "clip": 1.0,
+                         "batch_size": args.batch_size, "max_len": args.max_len, "steps": heads.trained_steps},
+              "device": torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu",
+              "dtype": str(dtype).replace("torch.", ""),
+              "eval_prompts": len(eval_rows), "step0": step0, "eval": final, "log": log}
+    (args.out / "training_log.json").write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

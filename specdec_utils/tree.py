@@ -1,0 +1,293 @@
+"""Token trees (notebook 06): build them, verify them in ONE target pass, keep the accepted path.
+
+A tree of T candidate tokens is a `parents` array: `parents[i] < i` is the index of node i's
+parent, -1 for a child of the root (the newest committed token, which no cache holds yet). One target
+forward runs the uncached committed tokens and all T nodes at once: node i sits at position
+L - 1 + depth(i) (L = committed tokens) and attends to the whole committed prefix, its ancestors and
+itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation). Row 0 of the
+logits it returns is the root's next-token distribution, row 1 + i node i's.
+
+Verification walks from the root. Greedy: move to the child whose token is the target's argmax,
+while there is one; then add the argmax (the correction, or the bonus at a leaf): the output is the
+target's own greedy output. Sampled: SpecInfer's multi-step speculative sampling (Miao et al. 2024):
+try the children in turn, child c accepted with probability min(1, p(x_c) / q_c(x_c)), after a
+rejection p <- norm(max(p - q_c, 0)); after all rejections sample from what is left. q_c is the
+distribution child c was drawn from, given the siblings drawn before it; a child chosen
+deterministically (top-k of heads or a draft) has q_c = one-hot, so it is accepted with probability
+p(x_c) and rejected by zeroing x_c. Either way each emitted token is distributed exactly as the
+target's (`probs` None in a sampled tree proposal means every child is deterministic).
+
+After acceptance, `gather_cache` moves the accepted path's keys and values into place right after
+the prefix and drops the rest: no recomputation.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .kv_cache import cache_length, trim_cache
+from .sampling import sample_token
+
+
+# --------------------------------------------------------------------------- structure
+def check_parents(parents: torch.Tensor) -> None:
+    if parents.ndim != 1 or parents.dtype.is_floating_point:
+        raise ValueError(f"parents must be a 1-D integer tensor, got shape {tuple(parents.shape)} {parents.dtype}")
+    idx = torch.arange(len(parents), device=parents.device)
+    if bool(((parents < -1) | (parents >= idx)).any()):
+        raise ValueError("parents[i] must be -1 (a child of the root) or an earlier node's index (< i)")
+
+
+def tree_mask(parents: torch.Tensor) -> torch.Tensor:
+    """mask[i, j] = True when node j is node i or one of its ancestors: bool [T, T].
+    Vectorised ancestor propagation: every node follows its parent pointer one level per step,
+    so the loop runs depth(tree) times, each step over all nodes at once."""
+    T = len(parents)
+    idx = torch.arange(T, device=parents.device)
+    mask = torch.zeros(T, T, dtype=torch.bool, device=parents.device)
+    mask[idx, idx] = True
+    pointer = parents.clone()
+    while bool((pointer >= 0).any()):
+        alive = pointer >= 0
+        mask[idx[alive], pointer[alive]] = True
+        pointer = torch.where(alive, parents[pointer.clamp_min(0)], pointer)
+    return mask
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """depth[i] = 1 for children of the root, parent's depth + 1 below."""
+    return tree_mask(parents).sum(-1)
+
+
+def children_lists(parents: list[int]) -> dict[int, list[int]]:
+    """{node (-1 = root): its children in index order}."""
+    out: dict[int, list[int]] = {-1: []}
+    for i, parent in enumerate(parents):
+        out.setdefault(parent, []).append(i)
+        out.setdefault(i, [])
+    return out
+
+
+def chain_parents(k: int) -> torch.Tensor:
+    """A chain of k nodes (what the chain methods propose) as a tree."""
+    return torch.arange(k) - 1
+
+
+# --------------------------------------------------------------------------- the target pass
+def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: int, dtype, device) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n_new + T - fed, committed + T] for a forward over a sequence of
+    `committed` tokens then the T nodes of `parents`, that feeds the last `n_new` committed tokens
+    and the nodes from `fed` on (what came before is cached)."""
+    T = len(parents)
+    rows = n_new + T - fed
+    allow = torch.zeros(rows, committed + T, dtype=torch.bool, device=device)
+    # uncached committed tokens: causal over the committed part
+    q_pos = torch.arange(committed - n_new, committed, device=device)
+    allow[:n_new, :committed] = torch.arange(committed, device=device)[None] <= q_pos[:, None]
+    # tree nodes: the whole committed prefix, their ancestors and themselves
+    allow[n_new:, :committed] = True
+    allow[n_new:, committed:] = tree_mask(parents.to(device))[fed:]
+    mask = torch.zeros(rows, committed + T, dtype=dtype, device=device)
+    mask.masked_fill_(~allow, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, cache, fed: int = 0,
+                 num_logits: int | None = None):
+    """Run `model` on what its cache lacks, in one forward with tree positions and mask: the
+    uncached committed tokens of `tokens` [1, L] (if any), then tree nodes `fed:` (the cache holds
+    the committed tokens and nodes `:fed` when `fed` > 0). Returns (logits of the last
+    `num_logits` inputs [num_logits, V], the grown cache). For the target (newest token uncached,
+    fed = 0, num_logits = T + 1) row 0 is the root's distribution and row 1 + i node i's."""
+    seen = cache_length(cache)
+    L = tokens.shape[1]
+    if seen < L and fed == 0:
+        new = tokens[:, seen:]
+    elif seen == L + fed:
+        new = tokens[:, :0]
+    else:
+        raise ValueError(f"a cache of {seen} positions cannot precede a tree pass over {L} committed tokens "
+                         f"with {fed} nodes cached")
+    device = tokens.device
+    node_ids = nodes.to(device)
+    depth = depths(parents.to(device))
+    positions = torch.cat([torch.arange(L - new.shape[1], L, device=device), L - 1 + depth[fed:]])
+    dtype = next(model.parameters()).dtype
+    mask = tree_attention_mask(L, new.shape[1], parents, fed, dtype if dtype.is_floating_point else torch.float32,
+                               device)
+    n_in = new.shape[1] + len(node_ids) - fed
+    num_logits = n_in if num_logits is None else num_logits
+    out = model(input_ids=torch.cat([new, node_ids[None, fed:]], dim=1), attention_mask=mask,
+                position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
+    return out.logits[0, -num_logits:], out.past_key_values
+
+
+def gather_cache(cache, prefix: int, keep: torch.Tensor):
+    """Keep the first `prefix` positions of `cache` followed by positions `prefix + keep`
+    (the accepted path's nodes, in order), moved into place; drop everything after. Returns it."""
+    k = len(keep)
+    if k and not bool((keep == torch.arange(k, device=keep.device)).all()):  # already in place otherwise
+        if isinstance(cache, tuple):
+            raise ValueError("gather_cache needs a transformers Cache object, not a legacy tuple")
+        for layer in cache.layers:
+            index = (prefix + keep).to(layer.keys.device)
+            layer.keys[..., prefix:prefix + k, :] = layer.keys.index_select(-2, index)
+            layer.values[..., prefix:prefix + k, :] = layer.values.index_select(-2, index)
+    return trim_cache(cache, prefix + k)
+
+
+# --------------------------------------------------------------------------- verification
+def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: torch.Tensor, sampler,
+                generator, typical: tuple[float, float] | None = None) -> tuple[list[int], list[int]]:
+    """Walk the tree: returns (new tokens: the accepted path then one target token, accepted node
+    indices). target_logits [T + 1, V] (row 0 = root). `q` [T, V]: the distribution each node was
+    drawn from (sampled children), or None: every node was chosen deterministically (one-hot q).
+    `typical=(eps, delta)` (sampled only) replaces exact verification by Medusa's typical acceptance:
+    move to the most likely child whose target probability exceeds min(eps, delta * exp(-H(p))),
+    then sample from p. It is NOT lossless; it exists to measure how far it moves the output."""
+    tokens = nodes.tolist()
+    children = children_lists(parents.tolist())
+    node, path = -1, []
+    if typical is not None and not sampler.greedy:
+        probs = sampler.probs(target_logits)
+        while True:
+            p = probs[node + 1]
+            bar = min(typical[0], typical[1] * math.exp(-float(torch.special.entr(p).sum())))
+            good = [c for c in children[node] if float(p[tokens[c]]) > bar]
+            if not good:
+                return [tokens[c] for c in path] + [sample_token(p, generator)], path
+            node = max(good, key=lambda c: float(p[tokens[c]]))
+            path.append(node)
+    if sampler.greedy:
+        choice = target_logits.argmax(-1).tolist()
+        while True:
+            want = choice[node + 1]
+            nxt = next((c for c in children[node] if tokens[c] == want), None)
+            if nxt is None:
+                return [tokens[c] for c in path] + [want], path
+            path.append(nxt)
+            node = nxt
+    probs = sampler.probs(target_logits)
+    while True:
+        p = probs[node + 1]
+        accepted = None
+        for c in children[node]:
+            x = tokens[c]
+            if q is None:
+                ratio = float(p[x])
+            else:
+                qx = float(q[c, x])
+                ratio = 1.0 if qx <= 0 else min(1.0, float(p[x]) / qx)  # qx > 0: x was drawn from q
+            if ratio > 0 and float(torch.rand((), generator=generator, device=p.device)) < ratio:
+                accepted = c
+                break
+            p = residual(p, x, None if q is None else q[c])
+        if accepted is None:
+            return [tokens[c] for c in path] + [sample_token(p, generator)], path
+        path.append(accepted)
+        node = accepted
+
+
+def residual(p: torch.Tensor, x: int, q_row: torch.Tensor | None) -> torch.Tensor:
+    """What the target distribution becomes after candidate x (drawn from q_row; one-hot when
+    None) was rejected: norm(max(p - q, 0)). For a one-hot q that is p with x removed."""
+    if q_row is None:
+        p = p.clone()
+        p[x] = 0
+    else:
+        p = (p - q_row).clamp_min(0)
+    total = float(p.sum())
+    if total <= 0:  # only when q covered all of p: then x was accepted with probability 1
+        raise RuntimeError("residual distribution vanished after a rejection")
+    return p / total
+
+
+# --------------------------------------------------------------------------- building trees
+def rank_tree_parents(paths: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """A tree template given as rank paths, e.g. [(0,), (1,), (0, 0)] (path (0, 1) = the best guess
+    at depth 1, then the second best at depth 2): sorted by depth then rank, with its parents.
+    Every prefix of a path must be in the template."""
+    ordered = sorted(set(map(tuple, paths)), key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(ordered)}
+    parents = []
+    for p in ordered:
+        if not p or any(r < 0 for r in p):
+            raise ValueError(f"a rank path is a non-empty tuple of ranks >= 0, got {p!r}")
+        if len(p) > 1 and p[:-1] not in index:
+            raise ValueError(f"rank path {p!r} has no parent {p[:-1]!r} in the template")
+        parents.append(index[p[:-1]] if len(p) > 1 else -1)
+    return ordered, torch.tensor(parents, dtype=torch.long)
+
+
+def cartesian_paths(topk: list[int]) -> list[tuple[int, ...]]:
+    """Every combination: depth d has the top-k[d] guesses of head d under every node above
+    (1 + k1 + k1 k2 + ... nodes)."""
+    paths, level = [], [()]
+    for k in topk:
+        level = [p + (r,) for p in level for r in range(k)]
+        paths += level
+    return paths
+
+
+def sparse_paths(rank_accuracy: list[list[float]], budget: int) -> list[tuple[int, ...]]:
+    """Medusa's sparse tree: starting from the root, repeatedly add the node that raises the expected
+    accepted length most. `rank_accuracy[d][r]` = P(head d+1's rank-r guess is the right token)
+    (measured, teacher-forced); a node's gain is the product along its path (heads assumed
+    independent), which never exceeds its parent's, so the greedy choice is the `budget` best paths."""
+    import heapq
+    chosen, heap = [], [(-rank_accuracy[0][r], (r,)) for r in range(len(rank_accuracy[0]))]
+    heapq.heapify(heap)
+    while heap and len(chosen) < budget:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        d = len(path)
+        if d < len(rank_accuracy):
+            for r in range(len(rank_accuracy[d])):
+                heapq.heappush(heap, (neg * rank_accuracy[d][r], path + (r,)))
+    return chosen
+
+
+def expected_accept_length(paths: list[tuple[int, ...]], rank_accuracy: list[list[float]]) -> float:
+    """Expected accepted tokens per round of a template under the independence model, bonus included."""
+    return 1 + sum(math.prod(rank_accuracy[d][r] for d, r in enumerate(p)) for p in paths)
+
+
+PRUNING = ("none", "confidence", "path", "entropy")
+
+
+def prune_keep(prob: torch.Tensor, parents: torch.Tensor, entropy_frac: torch.Tensor, rule: str,
+               threshold: float) -> torch.Tensor:
+    """Seed 004's per-round pruning: which nodes survive (bool [T]). `prob[i]`: the proposer's
+    probability of node i's token; `entropy_frac[i]`: the entropy of the distribution it came from
+    over log(V). A node fails when
+    - confidence: prob < threshold;
+    - path: the product of probs along its path < threshold;
+    - entropy: prob < threshold * (1 - entropy_frac) (an unsure head is held to a lower bar).
+    A failed node takes its subtree with it (a node survives only if its parent does)."""
+    if rule == "none":
+        return torch.ones(len(parents), dtype=torch.bool)
+    if rule == "confidence":
+        ok = prob >= threshold
+    elif rule == "path":
+        logp = torch.log(prob.clamp_min(1e-30))
+        ok = (tree_mask(parents).float() @ logp) >= math.log(threshold)
+    elif rule == "entropy":
+        ok = prob >= threshold * (1 - entropy_frac)
+    else:
+        raise ValueError(f"unknown pruning {rule!r}; allowed: {', '.join(PRUNING)}")
+    keep = ok.clone()
+    for i, parent in enumerate(parents.tolist()):
+        if parent >= 0 and not keep[parent]:
+            keep[i] = False
+    return keep
+
+
+def subtree(nodes: torch.Tensor, parents: torch.Tensor, keep: torch.Tensor, *rows):
+    """The kept nodes (a node is kept only with its parent) with parents re-indexed; `rows` (tensors
+    indexed by node, or None) are filtered alike."""
+    index = torch.full((len(parents),), -1, dtype=torch.long)
+    index[keep] = torch.arange(int(keep.sum()))
+    kept_parents = parents[keep]
+    new_parents = torch.where(kept_parents >= 0, index[kept_parents.clamp_min(0)], kept_parents)
+    return (nodes[keep], new_parents, *[None if r is None else r[keep.to(r.device)] for r in rows])
