@@ -31,6 +31,7 @@ from transformers.utils import logging as hf_logging
 
 from . import methods as engine_methods
 from .engine import GenerationResult
+from .medusa import load_heads
 from .models import UnknownModelError, load_model
 from .prompts import eval_subset, format_prompt, load_prompts
 from .utils import device_summary, get_device, timer
@@ -138,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-small", default="draft-s",
                         help="M1 of the hierarchical methods, under --draft (M2): a draft model or 'ngram' "
                              "(default: %(default)s)")
+    parser.add_argument("--heads", default="medusa-heads",
+                        help="Medusa heads for method medusa: a name under data/models or a folder (default: %(default)s)")
+    parser.add_argument("--tree-nodes", type=_type(_at_least(1), "an integer >= 1"), default=None,
+                        help="tree size cap for medusa and draft-tree (default: the method's, 32)")
+    parser.add_argument("--prune", choices=["none", "confidence", "path", "entropy"], default=None,
+                        help="per-round tree pruning for medusa and draft-tree (default: none)")
     parser.add_argument("--methods", type=_methods, default="ar,greedy",
                         help=f"comma-separated, from {', '.join(METHODS)} (default: %(default)s)")
     parser.add_argument("--prompts", type=Path, default=None,
@@ -229,7 +236,7 @@ def full_vocab_config(draft):
 
 def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
              temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
-             params: dict | None = None, draft_small=None) -> GenerationResult:
+             params: dict | None = None, draft_small=None, heads=None) -> GenerationResult:
     """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
     (`greedy` and `oracle` at temperature 0), `hf-assisted` through Hugging Face. `drafted` and
     `accepted` are -1 where the method does not say."""
@@ -237,7 +244,7 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
         return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
                                        temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
                                        eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
-                                       params=params, draft_small=draft_small)
+                                       params=params, draft_small=draft_small, heads=heads)
     draft.generation_config.num_assistant_tokens = gamma
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0  # always draft gamma tokens
@@ -269,19 +276,20 @@ class Variant:
     params: dict = field(default_factory=dict)
     draft: str | None = None        # a key of run_benchmark's `drafts`; None: its `draft`
     draft_small: str | None = None  # the same for M1 of the hierarchical methods
+    heads: str | None = None        # the same for the Medusa heads of `medusa`
 
 
 def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
                   gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
                   params: dict[str, dict] | None = None, draft_small=None,
-                  drafts: dict | None = None) -> list[dict]:
+                  drafts: dict | None = None, heads=None) -> list[dict]:
     """One record per (prompt, method). `methods` holds method names (run with `gamma` and
     `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
     the same state. Each method first runs once, untimed, on the first prompt with the full token
     budget: on a GPU, short warm-ups leave kernel and allocator set-up for longer sequences inside
     the first timed prompt. `oracle` gets the target's greedy output of each prompt, computed untimed.
-    A `Variant` naming its own `draft` / `draft_small` runs with `drafts[name]`, so methods with
-    different drafts share one run, prompt by prompt."""
+    A `Variant` naming its own `draft` / `draft_small` / `heads` runs with `drafts[name]`, so methods
+    with different drafts share one run, prompt by prompt. `heads`: the Medusa heads of `medusa`."""
     params = params or {}
     variants = [m if isinstance(m, Variant) else Variant(m, m, gamma, params.get(m, {})) for m in methods]
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(device) for row in rows]
@@ -296,16 +304,18 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     def models_of(variant):
         try:
             return (drafts[variant.draft] if variant.draft else draft,
-                    drafts[variant.draft_small] if variant.draft_small else draft_small)
+                    drafts[variant.draft_small] if variant.draft_small else draft_small,
+                    drafts[variant.heads] if variant.heads else heads)
         except KeyError as err:
             raise ValueError(f"variant {variant.label!r} names draft {err.args[0]!r}, which `drafts` lacks; "
                              f"allowed: {', '.join(drafts) or 'none'}") from None
 
     def run(variant, input_ids, reference):
         chosen = {**variant.params, "reference": reference} if variant.method == "oracle" else dict(variant.params)
-        variant_draft, variant_small = models_of(variant)
+        variant_draft, variant_small, variant_heads = models_of(variant)
         return generate(variant.method, target, variant_draft, input_ids, max_new_tokens,
-                        gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small, **settings)
+                        gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small,
+                        heads=variant_heads, **settings)
 
     for variant in variants:
         run(variant, encoded[0], references[0])
@@ -316,8 +326,9 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     records = []
     for row, input_ids, reference in zip(rows, encoded, references):
         for variant in variants:
-            variant_draft, variant_small = models_of(variant)
-            target_calls, draft_calls = ForwardCounter(target), ForwardCounter(variant_draft)
+            variant_draft, variant_small, variant_heads = models_of(variant)
+            target_calls = ForwardCounter(target)
+            draft_calls = ForwardCounter(variant_heads if variant.method == "medusa" else variant_draft)
             small_calls = ForwardCounter(variant_small if variant.method in engine_methods.HIERARCHICAL else None)
             try:
                 with timer(device) as elapsed:
@@ -332,6 +343,8 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
             records.append({
                 "id": row["id"], "category": row.get("category"), "method": variant.label,
                 "engine_method": variant.method, "draft": variant.draft, "draft_small": variant.draft_small,
+                **({"heads": f"{variant_heads.name} ({variant_heads.trained_steps} steps)"}
+                   if variant.method == "medusa" else {}),
                 "new_token_ids": result.new_token_ids,
                 "text": tokenizer.decode(result.new_token_ids, skip_special_tokens=True),
                 "wall_s": elapsed.seconds, "new_tokens": new_tokens, "target_calls": target_calls.calls,
@@ -388,9 +401,21 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
         draft = draft_small = None
-        if any(method != "ar" for method in args.methods):
+        if any(method not in ("ar", "medusa") for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
+        for method in engine_methods.TREES:
+            if method in args.methods:
+                if args.tree_nodes is not None:
+                    params.setdefault(method, {}).setdefault("tree_nodes", args.tree_nodes)
+                if args.prune is not None:
+                    params.setdefault(method, {}).setdefault("prune", args.prune)
+        heads = None
+        if "medusa" in args.methods:
+            try:
+                heads = load_heads(args.heads, target)
+            except ValueError as err:
+                raise UsageError(f"argument --heads: {err}") from None
         if any(method in engine_methods.HIERARCHICAL for method in args.methods):
             draft_small, small_tokenizer = load(args.draft_small, "--draft-small", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft_small, small_tokenizer, args.target, args.draft_small,
@@ -407,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gamma {args.gamma}, temperature {args.temperature}, top-p {args.top_p} | "
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
-                            args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small)
+                            args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small,
+                            heads=heads)
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,8 @@ class MedusaHeads(nn.Module):
         save_file(state, str(path / "heads.safetensors"))
         config = {"num_heads": self.num_heads, "hidden_size": self.blocks[0].in_features,
                   "use_norm": self.use_norm, "trained_steps": self.trained_steps,
-                  "target_vocab_size": self.vocab_size, "rank_accuracy": self.rank_accuracy}
+                  "target_vocab_size": self.vocab_size, "rank_accuracy": self.rank_accuracy,
+                  "rank_accuracy_source": getattr(self, "rank_accuracy_source", None)}
         (path / "config.json").write_text(json.dumps(config, indent=1))
 
 
@@ -145,8 +146,8 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
     if not path.exists():
         path = MODELS_DIR / str(name_or_path)
     if not (path / "heads.safetensors").exists():
-        raise ValueError(f"no Medusa heads at {path} (expected heads.safetensors and config.json); "
-                         f"train them with python -m specdec_utils.train_medusa")
+        raise ValueError(f"no Medusa heads at {name_or_path} (a folder with heads.safetensors and config.json, or a "
+                         f"name under {MODELS_DIR}); train them with python -m specdec_utils.train_medusa")
     config = json.loads((path / "config.json").read_text())
     hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
     if config["hidden_size"] != hidden or config.get("target_vocab_size", vocab) != vocab:
@@ -158,6 +159,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
     heads.to(device=target.device, dtype=next(target.parameters()).dtype)
     heads.trained_steps, heads.name = config.get("trained_steps", 0), path.name
     heads.rank_accuracy = config.get("rank_accuracy")
+    heads.rank_accuracy_source = config.get("rank_accuracy_source")
     return heads
 
 
@@ -168,7 +170,7 @@ def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, target_logits: torch.Te
     (which predicts token t + k + 1), forward KL, averaged over valid positions and heads.
     hidden [B, n, H], target_logits [B, n, V], mask [B, n]. Returns (loss, top-1 agreement per head
     with the target's argmax there). With `vocab_ids`, both sides are restricted to the slice."""
-    if heads.vocab_ids is not None:
+    if heads.vocab_ids is not None and target_logits.shape[-1] == heads.vocab_size:  # not sliced yet
         target_logits = target_logits[..., heads.vocab_ids]
     losses, agree = [], []
     states = heads.hidden(hidden)  # [B, n, K, H]

@@ -36,12 +36,17 @@ HUB_EXAMPLES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-36
 # A notebook's parameters cell picks one preset; SPECDEC_PRESET overrides it.
 PRESETS = {
     "offline": {"target": TARGET_NAME, "draft": "draft-m", "draft_small": "draft-s",
-                "draft_medium": "draft-m", "ngram": NGRAM_NAME},
+                "draft_medium": "draft-m", "ngram": NGRAM_NAME,
+                # notebook 06: Medusa heads trained for this target, and the draft that grows trees
+                "medusa_target": TARGET_NAME, "heads": "medusa-heads", "tree_draft": "draft-s"},
     "colab-gpu": {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
                   "draft": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_small": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_medium": "HuggingFaceTB/SmolLM2-360M-Instruct",
                   "ngram": NGRAM_NAME,  # counted on the 135M's text; the SmolLM2 family shares its tokenizer
+                  # our heads and drafts fit the 135M model (the same weights as the offline target)
+                  "medusa_target": "HuggingFaceTB/SmolLM2-135M-Instruct", "heads": "medusa-heads",
+                  "tree_draft": "draft-s",
                   # A second family with its own tokenizer, for comparison.
                   "gpt2_target": "gpt2-medium", "gpt2_draft": "distilgpt2"},
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss
+from .medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
 from .models import MODELS_DIR, load_model
 from .prompts import build_prompts, format_prompt
 from .train_draft import _batch, generate_corpus, greedy_continuations
@@ -110,6 +110,16 @@ def heldout_sequences(target, tokenizer, rows: list[dict], new_tokens: int = 64)
     return out
 
 
+def measure_ranks(heads, target, tokenizer, args, dtype) -> None:
+    """heads.rank_accuracy on `--rank-prompts` train prompts (not the held-out ones the notebook
+    evaluates on): P(rank-r guess of head k is the target's greedy token), saved with the heads."""
+    rows = random.Random(args.seed).sample(build_prompts("train"), args.rank_prompts)
+    heads.rank_accuracy = rank_accuracy(heads, target, heldout_sequences(target, tokenizer, rows), ranks=10)
+    heads.rank_accuracy_source = (f"{args.rank_prompts} train prompts, the target's greedy 64-token continuations, "
+                                  f"{target.device.type} {str(dtype).replace('torch.', '')}")
+    print("rank accuracy:", json.dumps([[round(a, 4) for a in row] for row in heads.rank_accuracy]), flush=True)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +142,10 @@ def parse_args(argv=None):
     ap.add_argument("--train-budget-s", type=float, default=float("inf"))
     ap.add_argument("--out", type=Path, default=MODELS_DIR / HEADS_NAME)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ranks-only", action="store_true",
+                    help="only (re)measure the rank accuracies of the heads at --out (the sparse tree's input)")
+    ap.add_argument("--rank-prompts", type=int, default=96, help="train prompts for the rank accuracies")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     args = ap.parse_args(argv)
     if args.num_heads < 1 or args.steps < 1 or args.batch_size < 1:
         ap.error("--num-heads, --steps and --batch-size must be >= 1")
@@ -143,9 +157,16 @@ def main(argv=None):
     seed_everything(args.seed)
     device = torch.device(args.device) if args.device else None
     dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
+    if args.dtype != "auto":
+        dtype = getattr(torch, args.dtype)
     target, tokenizer = load_model(args.target, device=device, dtype=dtype)
     for p in target.parameters():
         p.requires_grad_(False)
+    if args.ranks_only:
+        heads = load_heads(args.out, target)
+        measure_ranks(heads, target, tokenizer, args, dtype)
+        heads.save(args.out)
+        return 0
     if args.corpus and args.corpus.exists():
         corpus = torch.load(args.corpus)
     else:
@@ -170,6 +191,7 @@ def main(argv=None):
                       time_budget_s=args.train_budget_s)
     final = head_accuracy(heads, target, all_seqs)
     print("trained:", json.dumps(final), flush=True)
+    measure_ranks(heads, target, tokenizer, args, dtype)
     heads.save(args.out)
     command = "python -m specdec_utils.train_medusa " + " ".join(sys.argv[1:] if argv is None else argv)
     record = {"name": args.out.name, "command": command, "num_heads": args.num_heads,

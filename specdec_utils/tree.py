@@ -149,10 +149,12 @@ def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: to
     tokens = nodes.tolist()
     children = children_lists(parents.tolist())
     node, path = -1, []
+    def probs(row: int) -> torch.Tensor:  # warp only the rows the walk visits (top-p sorts the vocabulary)
+        return sampler.probs(target_logits[row:row + 1])[0]
+
     if typical is not None and not sampler.greedy:
-        probs = sampler.probs(target_logits)
         while True:
-            p = probs[node + 1]
+            p = probs(node + 1)
             bar = min(typical[0], typical[1] * math.exp(-float(torch.special.entr(p).sum())))
             good = [c for c in children[node] if float(p[tokens[c]]) > bar]
             if not good:
@@ -168,9 +170,8 @@ def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: to
                 return [tokens[c] for c in path] + [want], path
             path.append(nxt)
             node = nxt
-    probs = sampler.probs(target_logits)
     while True:
-        p = probs[node + 1]
+        p = probs(node + 1)
         accepted = None
         for c in children[node]:
             x = tokens[c]

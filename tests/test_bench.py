@@ -75,6 +75,12 @@ def run_main(capsys, argv):
     (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "learned-stop"],
      "argument --param: method 'learned-stop' needs a stop head for this draft"),
     (["--target", "no-such-model"], "argument --target: unknown model 'no-such-model'; known names:"),
+    (["--tree-nodes", "0"], "argument --tree-nodes: must be an integer >= 1"),
+    (["--prune", "magic"], "argument --prune: invalid choice: 'magic'"),
+    (["--target", "tiny-llama", "--methods", "medusa", "--heads", "no/such/heads"],
+     "argument --heads: no Medusa heads at no/such/heads"),
+    (["--target", "tiny-llama", "--draft", "tiny-llama", "--methods", "draft-tree", "--param", "draft-tree.width=0"],
+     "argument --param: width must be an integer >= 1, got 0"),
     (["--target", "tiny-llama", "--draft", "no-such-model"], "argument --draft: unknown model 'no-such-model'"),
 ])
 def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
@@ -185,6 +191,33 @@ def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tm
             assert detail["small_accepted"] + detail["middle_tokens"] == record["drafted"]
             assert record["draft_calls"] == detail["middle_forwards"]
             assert record["small_calls"] == (0 if small == "ngram" else detail["small_forwards"])
+
+
+def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
+    """`--heads` (a folder of saved heads), `--tree-nodes` and `--prune` reach both tree methods; greedy
+    output is the target's; records name the heads and carry the tree statistics."""
+    from specdec_utils.medusa import MedusaHeads
+    from specdec_utils.models import tiny_model
+    heads = MedusaHeads(tiny_model("tiny-llama", vocab_size=49152), 3)
+    heads.rank_accuracy = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]]
+    heads.save(tmp_path / "heads")
+    out_file = tmp_path / "trees.json"
+    methods = ["ar", "medusa", "draft-tree"]
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-llama", "--methods", ",".join(methods),
+                                       "--heads", str(tmp_path / "heads"), "--tree-nodes", "6", "--prune", "path",
+                                       "--prompts", str(prompts_file), "--max-new-tokens", "10", "--device", "cpu",
+                                       "--out", str(out_file)])
+    assert code == 0, err
+    records = json.loads(out_file.read_text())
+    by_key = {(r["id"], r["method"]): r for r in records}
+    for prompt_id in ("story", "chat"):
+        for method in methods[1:]:
+            record = by_key[prompt_id, method]
+            assert record["new_token_ids"] == by_key[prompt_id, "ar"]["new_token_ids"]
+            assert record["params"] == {"tree_nodes": 6, "prune": "path"}
+            assert record["detail"]["tree_nodes"] <= 6 * record["rounds"]
+            assert record["stops"].get("tree", 0) >= 1
+        assert by_key[prompt_id, "medusa"]["heads"] == "heads (0 steps)"
 
 
 def test_hf_assisted_accepts_a_reduced_vocabulary_draft():

@@ -167,3 +167,34 @@ def test_ch05_context_only_ignores_the_table(ch05):
     lookup_only = ch05.context_only(table)
     assert lookup_only.lookup([0, 5, 6, 7]) is None
     assert lookup_only.lookup([5, 6, 7, 1, 5, 6, 7]) == ([1], [1])
+
+
+@pytest.fixture(scope="module")
+def ch06():
+    return load("ch06")
+
+
+def test_ch06_sparse_tree_by_scan_matches_the_heap(ch06):
+    from specdec_utils import tree as trees
+    acc = [[0.5, 0.2], [0.3, 0.1]]
+    assert ch06.sparse_paths_by_scan(acc, 4) == [(0,), (1,), (0, 0), (1, 0)]
+    assert trees.expected_accept_length(ch06.sparse_paths_by_scan(acc, 4), acc) == pytest.approx(1.91)
+    rng = torch.Generator().manual_seed(0)
+    acc = (torch.rand(4, 6, generator=rng) * 0.3).tolist()
+    for budget in (1, 5, 20, 40):
+        mine, theirs = ch06.sparse_paths_by_scan(acc, budget), trees.sparse_paths(acc, budget)
+        assert trees.expected_accept_length(mine, acc) == pytest.approx(trees.expected_accept_length(theirs, acc))
+
+
+def test_ch06_one_hot_and_drawn_children_both_emit_p(ch06):
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])
+    (one_hot_accept, one_hot_out), (drawn_accept, drawn_out) = ch06.compare_one_hot_and_drawn(p, q)
+    torch.testing.assert_close(one_hot_out, p.double())
+    torch.testing.assert_close(drawn_out, p.double())
+    assert one_hot_accept == pytest.approx(0.8)  # q's top-2 are tokens 1 and 0: p(1) + p(0)
+    assert 0 < drawn_accept < 1 and drawn_accept != pytest.approx(one_hot_accept)
+
+
+def test_ch06_head_gap(ch06):
+    log = [{"step": 0, "heldout": {"top1": [0.1, 0.05]}}, {"step": 9}, {"step": 10, "heldout": {"top1": [0.3, 0.1]}}]
+    assert ch06.head_gap(log) == pytest.approx(0.2)

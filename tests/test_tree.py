@@ -223,6 +223,23 @@ def test_sampled_trees_are_exact_over_whole_outputs(small_vocab, method, params)
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
+@pytest.mark.parametrize("method,params", [
+    ("medusa", {"tree": "sparse", "tree_nodes": 7, "prune": "entropy", "threshold": 0.4}),
+    ("draft-tree", {"width": 3, "tree_nodes": 9, "prune": "path", "threshold": 0.2}),
+])
+def test_sampled_sparse_and_pruned_trees_are_exact_with_top_p(small_vocab, method, params):
+    """The benchmark's shapes: Medusa's sparse tree (from rank accuracies) and pruned draft trees,
+    with top-p 0.95 (the benchmark's) warping the target."""
+    target, draft, heads, prompt, _, _ = small_vocab
+    heads.rank_accuracy = [[0.5, 0.3, 0.1, 0.05], [0.4, 0.3, 0.2, 0.1], [0.3, 0.2, 0.2, 0.1]]
+    exact = exact_distribution(target, prompt, 5, Sampler(1.0, top_p=0.95))
+    assert len(exact) > 50  # top-p leaves many outputs possible (a tighter nucleus makes this toy deterministic)
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method=method, draft=draft, heads=heads,
+                                               temperature=1.0, top_p=0.95, generator=g,
+                                               params=params).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
 def _planted_counts(small_vocab, monkeypatch, plant):
     target, draft, heads, prompt, sampler, exact = small_vocab
     plant(monkeypatch)
@@ -283,3 +300,20 @@ def test_tree_methods_refuse_bad_input(tiny):
                                                                           "prune": "path"})
     with pytest.raises(ValueError, match="unknown parameter"):
         generate(target, ids, 5, method="medusa", heads=heads, params={"width": 2})
+
+
+def test_shipped_heads_on_the_real_target():
+    """The committed heads load onto the offline target, are trained, carry their rank accuracies, and
+    both tree methods reproduce the target's greedy output on a real prompt (float32)."""
+    from specdec_utils.models import load_model
+    target, tokenizer = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
+    draft = load_model("draft-s", device="cpu", dtype=torch.float32)[0]
+    heads = load_heads("medusa-heads", target)
+    assert heads.num_heads == 4 and heads.trained_steps >= 1000
+    assert len(heads.rank_accuracy) == 4 and all(len(row) == 10 for row in heads.rank_accuracy)
+    assert heads.rank_accuracy[0][0] > heads.rank_accuracy[3][0] > 0
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    reference = generate(target, ids, 20, method="ar").new_token_ids
+    for method, params in (("medusa", {"tree_nodes": 16}), ("draft-tree", {"width": 2, "tree_nodes": 12})):
+        out = generate(target, ids, 20, method=method, heads=heads, draft=draft, params=params)
+        assert out.new_token_ids == reference, method
