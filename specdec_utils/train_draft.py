@@ -392,9 +392,10 @@ def build_ngram(target, tokenizer, corpus: list[dict], args, command: str) -> No
                          "eval": metrics, "seconds": time.time() - started})
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    seed_everything(args.seed)
+def frozen_target(args):
+    """(target, tokenizer, dtype): `args.target` on `args.device`, bf16 on CUDA and fp32 on the CPU
+    unless `args.dtype` says otherwise, with every parameter frozen (the drafts and heads train, it
+    does not). Shared by this trainer and `train_medusa`."""
     device = torch.device(args.device) if args.device else None
     dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
     if args.dtype != "auto":
@@ -402,6 +403,12 @@ def main(argv=None):
     target, tokenizer = load_model(args.target, device=device, dtype=dtype)
     for p in target.parameters():
         p.requires_grad_(False)
+    return target, tokenizer, dtype
+
+
+def load_or_write_corpus(target, tokenizer, args) -> tuple[list[dict], int]:
+    """The target-written corpus: read from `args.corpus` if it exists, else generated (and saved
+    there when given). Returns (sequences, total tokens)."""
     if args.corpus and args.corpus.exists():
         corpus = torch.load(args.corpus)
     else:
@@ -411,6 +418,14 @@ def main(argv=None):
             torch.save(corpus, args.corpus)
     n_tokens = sum(len(s["ids"]) for s in corpus)
     print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
+    return corpus, n_tokens
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    seed_everything(args.seed)
+    target, tokenizer, dtype = frozen_target(args)
+    corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)
     if args.corpus_only:
         return 0
     command = "python -m specdec_utils.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)

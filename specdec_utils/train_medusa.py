@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from .medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
-from .models import MODELS_DIR, load_model
+from .models import MODELS_DIR
 from .prompts import build_prompts, format_prompt
-from .train_draft import _batch, generate_corpus, greedy_continuations
+from .train_draft import _batch, frozen_target, greedy_continuations, load_or_write_corpus
 from .utils import progress, seed_everything
 
 
@@ -155,27 +155,13 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     seed_everything(args.seed)
-    device = torch.device(args.device) if args.device else None
-    dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
-    if args.dtype != "auto":
-        dtype = getattr(torch, args.dtype)
-    target, tokenizer = load_model(args.target, device=device, dtype=dtype)
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target, tokenizer, dtype = frozen_target(args)
     if args.ranks_only:
         heads = load_heads(args.out, target)
         measure_ranks(heads, target, tokenizer, args, dtype)
         heads.save(args.out)
         return 0
-    if args.corpus and args.corpus.exists():
-        corpus = torch.load(args.corpus)
-    else:
-        corpus = generate_corpus(target, tokenizer, args.sequences, args.new_tokens, args.gen_batch, seed=args.seed,
-                                 time_budget_s=args.gen_budget_s)
-        if args.corpus:
-            torch.save(corpus, args.corpus)
-    n_tokens = sum(len(s["ids"]) for s in corpus)
-    print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
+    corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)
     eval_rows = build_prompts("eval")
     if args.heldout_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.heldout_prompts, len(eval_rows)))

@@ -317,3 +317,23 @@ def test_shipped_heads_on_the_real_target():
     for method, params in (("medusa", {"tree_nodes": 16}), ("draft-tree", {"width": 2, "tree_nodes": 12})):
         out = generate(target, ids, 20, method=method, heads=heads, draft=draft, params=params)
         assert out.new_token_ids == reference, method
+
+
+def test_medusa_schedule_and_training_on_a_tiny_model(tiny):
+    """Seed 004's recipe: warm-up to the peak, cosine to eta_min; its bug (a cosine 15 steps long,
+    eta_min 0) leaves the rate at 0. A few steps of `train_heads` lower the distillation loss."""
+    from specdec_utils.train_medusa import lr_at, parse_args, train_heads
+    assert lr_at(0, 1000, 3e-4, 500) == pytest.approx(3e-4 / 500)
+    assert lr_at(499, 1000, 3e-4, 500) == pytest.approx(3e-4)
+    assert lr_at(999, 1000, 3e-4, 500, 1e-5) == pytest.approx(1e-5, rel=1e-3)
+    assert lr_at(600, 1000, 3e-4, 500, 0.0, cosine_steps=15) == 0.0
+    target = tiny[0]
+    heads = MedusaHeads(target, 2)
+    ids = torch.randint(3, 64, (4, 12), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad(), capture_hidden(target) as hidden:
+        logits = target(input_ids=ids).logits
+    batch = (hidden[0], logits, torch.ones_like(ids))
+    log = train_heads(heads, lambda: batch, 30, peak_lr=1e-2, warmup=3, log_every=29)
+    assert log[-1]["loss"] < 0.8 * log[0]["loss"] and heads.trained_steps == 30
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "0"])
