@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -262,16 +262,6 @@ def _last_hidden_state(model, wanted: bool):
         handle.remove()
 
 
-@contextmanager
-def _maybe_capture(model, wanted: bool):
-    """`medusa.capture_hidden(model)` while `wanted` (a proposer that reads the target's hidden state)."""
-    if not wanted:
-        yield None
-        return
-    with capture_hidden(model) as hidden:
-        yield hidden
-
-
 # --------------------------------------------------------------------------- verifying
 def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
     """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
@@ -329,7 +319,7 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
         needs_hidden = getattr(proposer, "needs_target_hidden", False)
         tree = proposal.parents is not None
         prefix = tokens.shape[1]
-        with _maybe_capture(target, needs_hidden) as hidden:
+        with capture_hidden(target) if needs_hidden else nullcontext() as hidden:
             try:
                 if tree:
                     target_logits, target_cache = trees.forward_tree(

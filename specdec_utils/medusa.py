@@ -107,15 +107,6 @@ class MedusaHeads(nn.Module):
         """Head logits [..., K, V'] for hidden states h [..., H] (V' = len(vocab_ids) if sliced)."""
         return self.hidden(h) @ self.lm_weight.T
 
-    @torch.no_grad()
-    def topk(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """For one hidden state h [H]: (token ids [K, k], log-probs [K, k]) of each head's top k,
-        ids in the full vocabulary. Ties are broken by the lower id (a stable order)."""
-        logp = torch.log_softmax(self(h).float(), -1)
-        values, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
-        ids = idx if self.vocab_ids is None else self.vocab_ids[idx]
-        return ids, values
-
     def with_vocab(self, vocab_ids: torch.Tensor | None) -> "MedusaHeads":
         """A view of these heads (same trained blocks) whose output is restricted to `vocab_ids`."""
         other = copy.copy(self)

@@ -69,11 +69,6 @@ def children_lists(parents: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def chain_parents(k: int) -> torch.Tensor:
-    """A chain of k nodes (what the chain methods propose) as a tree."""
-    return torch.arange(k) - 1
-
-
 # --------------------------------------------------------------------------- the target pass
 def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: int, dtype, device) -> torch.Tensor:
     """Additive 4D mask [1, 1, n_new + T - fed, committed + T] for a forward over a sequence of
@@ -100,6 +95,7 @@ def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torc
     the committed tokens and nodes `:fed` when `fed` > 0). Returns (logits of the last
     `num_logits` inputs [num_logits, V], the grown cache). For the target (newest token uncached,
     fed = 0, num_logits = T + 1) row 0 is the root's distribution and row 1 + i node i's."""
+    check_parents(parents)
     seen = cache_length(cache)
     L = tokens.shape[1]
     if seen < L and fed == 0:

@@ -20,6 +20,7 @@ import torch
 
 from . import tree as trees
 from .engine import Proposal, forward_uncached
+from .kv_cache import cache_length, trim_cache
 from .medusa import MedusaHeads
 from .policies import DraftingPolicy, _count, _number, require
 
@@ -148,7 +149,6 @@ class DraftTreeProposer:
         self.draft, self.cache, self.prefix = draft, None, 0
 
     def rollback(self, committed: int) -> None:
-        from .kv_cache import cache_length, trim_cache
         self.cache = trim_cache(self.cache, min(cache_length(self.cache), self.prefix, committed))
 
     def propose(self, tokens, gamma, policy: DraftTreePolicy, sampler, generator, index) -> Proposal:
