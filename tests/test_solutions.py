@@ -198,3 +198,23 @@ def test_ch06_one_hot_and_drawn_children_both_emit_p(ch06):
 def test_ch06_head_gap(ch06):
     log = [{"step": 0, "heldout": {"top1": [0.1, 0.05]}}, {"step": 9}, {"step": 10, "heldout": {"top1": [0.3, 0.1]}}]
     assert ch06.head_gap(log) == pytest.approx(0.2)
+
+
+def test_ch07_ancestors_by_lifting_and_bytes():
+    import random
+    from specdec_utils.tree import tree_mask
+    ch07 = load("ch07")
+    rng = random.Random(0)
+    chain = torch.arange(256) - 1
+    mask, steps = ch07.ancestor_mask_by_lifting(chain)
+    assert torch.equal(mask, tree_mask(chain)) and steps <= 10
+    for T in (1, 2, 9, 70, 256):
+        parents = torch.tensor([-1] + [rng.randrange(max(-1, i - 8), i) for i in range(1, T)])
+        mask, steps = ch07.ancestor_mask_by_lifting(parents)
+        assert torch.equal(mask, tree_mask(parents)), T
+    star = torch.full((5,), -1)
+    assert torch.equal(ch07.ancestor_mask_by_lifting(star)[0], torch.eye(5, dtype=torch.bool))
+    # P = 1024, T = 64, head_dim 64, bf16, 9 query heads on 3 KV heads
+    assert ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=False) == 2 * 9 * 1088 * 64 * 2
+    assert ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=True) * 3 == ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=False)
+    assert ch07.mask_bytes(1024, 64) == 64 * 1088
