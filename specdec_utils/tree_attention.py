@@ -122,6 +122,8 @@ def _check(q, k, v, T_expected=None):
                          f"{v.dtype}")
     if D > 256:
         raise ValueError(f"head_dim must be <= 256, got {D}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     if not AVAILABLE:
         raise RuntimeError(WHY)
     return B, H, T, D, k.shape[2] - T
@@ -212,9 +214,12 @@ if AVAILABLE:
                 allowed = node[None, :] == cur[:, None]
                 while tl.max(cur, axis=0) >= 0:
                     if GATHER:
-                        cur = tl.where(cur >= 0, tl.gather(par, tl.maximum(cur, 0), 0), -1)
+                        nxt = tl.gather(par, tl.minimum(tl.maximum(cur, 0), BLOCK_T - 1), 0)
                     else:  # each step a load (from L1): the chain's latency adds up over deep trees
-                        cur = tl.load(Parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
+                        nxt = tl.load(Parents + tl.maximum(cur, 0), mask=cur >= 0, other=-1)
+                    # parents point backwards (parents[i] < i): a pointer that does not ends the walk,
+                    # so unchecked parents on the GPU (a cycle) cannot hang it: at most T steps
+                    cur = tl.where((cur >= 0) & (nxt < cur), nxt, -1)
                     allowed = allowed | ((node[None, :] == cur[:, None]) & (cur[:, None] >= 0))
             allowed = allowed & n_ok[None, :] & row_ok[:, None]
             m_i, l_i, acc = _key_tile(q, m_i, l_i, acc, k_base, v_base, P + node, n_ok, allowed, offs_d, d_ok,
@@ -318,15 +323,20 @@ def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None 
 
 
 def tree_attention_masked(q, k, v, mask, scale=None) -> torch.Tensor:
-    """Tree attention reading a dense boolean mask [T, P + T] (True = may attend)."""
+    """Tree attention with a dense boolean mask [T, P + T] (True = may attend). Only its tree columns
+    [:, P:] are read: every node sees the whole prefix (checked when the mask is on the CPU)."""
     B, H, T, D, P = _check(q, k, v)
     if mask.shape != (T, P + T) or mask.dtype != torch.bool:
         raise ValueError(f"mask must be bool [T, P + T] = [{T}, {P + T}], got {mask.dtype} {tuple(mask.shape)}")
+    if mask.device.type == "cpu" and not bool(mask[:, :P].all()):
+        raise ValueError("mask[:, :P] must be all True: every tree node attends to the whole prefix")
     return _launch(q, k, v, mask.to(q.device, non_blocking=True), None, scale, True)
 
 
 def tree_attention(q, k, v, parents, scale=None) -> torch.Tensor:
-    """Mask-free tree attention from the `parents` array [T] (parents[i] < i, -1 = the root)."""
+    """Mask-free tree attention from the `parents` array [T] (parents[i] < i, -1 = the root).
+    Parents on the CPU are checked; on the GPU they are trusted (a check would synchronise), and a
+    pointer that does not point backwards only ends that node's walk: no hang, a wrong answer."""
     B, H, T, D, P = _check(q, k, v)
     if parents.ndim != 1 or len(parents) != T or parents.dtype.is_floating_point:
         raise ValueError(f"parents must be an integer tensor [T] = [{T}], got {parents.dtype} {tuple(parents.shape)}")
@@ -343,10 +353,14 @@ BACKENDS = {"tree_triton": False, "tree_triton_masked": True}  # name -> reads t
 
 def _backend(use_mask: bool):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, tree_parents=None,
-                  **kwargs):
-        """A tree-verification forward (`tree.forward_tree` passes `tree_parents` for its queries)
-        runs on the kernel; every other forward (prefill, plain steps) is SDPA's, unchanged."""
-        if tree_parents is None or query.shape[2] != len(tree_parents) or query.shape[2] > MAX_NODES:
+                  tree_key_length=None, **kwargs):
+        """A tree-verification forward (`tree.forward_tree` passes `tree_parents` for its queries and
+        the keys it expects: cache + queries) runs on the kernel; every other forward (prefill, plain
+        steps, batches, more than MAX_NODES queries, keys laid out otherwise such as a preallocated
+        cache, sliding windows or soft-capping) is SDPA's, unchanged."""
+        if (tree_parents is None or query.shape[2] != len(tree_parents) or query.shape[2] > MAX_NODES
+                or query.shape[0] != 1 or key.shape[2] != tree_key_length
+                or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None):
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
@@ -386,7 +400,7 @@ def use_backend(model, name: str) -> str:
     return previous
 
 
-def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device) -> dict:
+def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device, cache_len: int) -> dict:
     """What `tree.forward_tree` passes to the model for these backends: the parents of all the
     pass's queries (the n_committed uncached committed tokens as a chain, then the tree nodes
     under the last of them). Empty for any other backend, or for a pass that starts inside a
@@ -396,4 +410,5 @@ def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device
     m = n_committed
     chain = torch.arange(-1, m - 1, device=parents.device)
     nodes = torch.where(parents >= 0, parents + m, torch.full_like(parents, m - 1))
-    return {"tree_parents": torch.cat([chain, nodes]).to(device, torch.int32)}
+    return {"tree_parents": torch.cat([chain, nodes]).to(device, torch.int32),
+            "tree_key_length": cache_len + m + len(parents)}

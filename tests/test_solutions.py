@@ -215,6 +215,6 @@ def test_ch07_ancestors_by_lifting_and_bytes():
     star = torch.full((5,), -1)
     assert torch.equal(ch07.ancestor_mask_by_lifting(star)[0], torch.eye(5, dtype=torch.bool))
     # P = 1024, T = 64, head_dim 64, bf16, 9 query heads on 3 KV heads
-    assert ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=False) == 2 * 9 * 1088 * 64 * 2
-    assert ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=True) * 3 == ch07.kv_bytes(1024, 64, 64, 2, 9, 3, packed=False)
+    first, packed, per_head = (ch07.kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
+    assert first == 2 * 9 * 4 * 1088 * 64 * 2 and first == 3 * packed and per_head * 4 == first
     assert ch07.mask_bytes(1024, 64) == 64 * 1088

@@ -63,7 +63,8 @@ def test_both_kernels_equal_the_oracle(T, P, kind, H, H_kv, dtype):
 
 @pytest.mark.parametrize("splits", [1, 2, 5])
 def test_the_split_prefix_reduction(splits):
-    """Flash-decoding: the prefix cut across programs, partial softmaxes merged; an empty split too."""
+    """Flash-decoding: the prefix cut across programs, partial softmaxes merged (and more splits asked
+    for than the prefix has tiles: the wrapper uses one per tile)."""
     check(20, 300, "random", 9, 3, torch.float32, seed=splits, splits=splits)
     check(3, 64, "chain", 2, 1, torch.float32, seed=7, splits=splits)  # more splits than tiles: empty ones
 
@@ -103,6 +104,10 @@ def test_bad_input_gets_one_clear_error():
     with pytest.raises(ValueError, match="at most 256 nodes"):
         ta.tree_attention(torch.randn(1, 1, 257, 16), torch.randn(1, 1, 257, 16), torch.randn(1, 1, 257, 16),
                           torch.arange(257) - 1)
+    with pytest.raises(ValueError, match=r"mask\[:, :P\] must be all True"):
+        mask = ta.mask_from_parents(torch.tensor([-1, 0, 0]), 2)
+        mask[1, 0] = False
+        ta.tree_attention_masked(q, k, k, mask)
     with pytest.raises(ValueError, match="unknown attention backend 'flash'; allowed: sdpa, tree_triton"):
         ta.use_backend(torch.nn.Linear(1, 1), "flash")
 
@@ -171,3 +176,29 @@ def test_the_pytorch_transcription_of_the_kernel_equals_the_oracle():
         v = torch.randn_like(k)
         ref = ta.reference(q, k, v, ta.mask_from_parents(parents, P))
         assert (ta.tiled_reference(q, k, v, parents, block_n) - ref).abs().max() < 1e-5  # the oracle runs in fp32
+
+
+def test_unchecked_parents_with_a_cycle_end_the_walk_instead_of_hanging():
+    """On the GPU parents are not validated (it would synchronise): a pointer that does not point
+    backwards must end that node's walk (a wrong answer, never an endless loop)."""
+    q, k = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 9, 16)
+    for bad in ([-1, 2, 1, 0], [0, 1, 2, 3], [-1, 7, 0, 1]):
+        out = ta._launch(q, k, k, None, torch.tensor(bad, dtype=torch.int32), None, False)
+        assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_the_backend_leaves_other_key_layouts_to_sdpa():
+    """Keys laid out otherwise than cache + queries (a preallocated cache), a batch, or no parents:
+    SDPA's answer, not the kernel's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    attention = ta._backend(use_mask=False)
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 10, 16)
+    parents = torch.tensor([-1, 0, 1], dtype=torch.int32)
+    ref = sdpa_attention_forward(module, q, k, k, None)[0]
+    for kwargs in ({"tree_parents": parents, "tree_key_length": 8}, {}):
+        assert torch.equal(attention(module, q, k, k, None, **kwargs)[0], ref)
+    on_kernel = attention(module, q, k, k, None, tree_parents=parents, tree_key_length=10)[0]
+    oracle = ta.reference(q, k, k, ta.mask_from_parents(parents.long(), 7)).transpose(1, 2)
+    assert (on_kernel - oracle).abs().max() < 1e-5 and (on_kernel - ref).abs().max() > 1e-3

@@ -33,12 +33,12 @@ def ancestor_mask_by_lifting(parents: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 # 2. Bytes per verification ----------------------------------------------------------------------
-def kv_bytes(P: int, T: int, head_dim: int, bytes_per_value: int, query_heads: int, kv_heads: int,
-             packed: bool) -> int:
-    """Bytes of K and V read by one attention call over P + T keys: per KV head when the query heads
-    of a group share one program (packed), per query head when the KV heads are repeated."""
-    heads_read = kv_heads if packed else query_heads
-    return 2 * heads_read * (P + T) * head_dim * bytes_per_value
+def kv_bytes(P: int, T: int, head_dim: int, bytes_per_value: int, heads: int, node_blocks: int) -> int:
+    """Bytes of K and V read by all programs of one attention call over P + T keys: each of the
+    heads x node_blocks programs (however the prefix is split among them) reads every key once.
+    One per query head and 16-node block (9 x 4 = 36 key passes at T = 64), one per KV head and
+    16-node block (3 x 4 = 12: the packed kernel), one per query head over all 64 nodes (9 x 1)."""
+    return 2 * heads * node_blocks * (P + T) * head_dim * bytes_per_value
 
 
 def mask_bytes(P: int, T: int) -> int:
