@@ -66,6 +66,22 @@ def reference(q, k, v, mask, scale=None) -> torch.Tensor:
     return out.to(q.dtype)
 
 
+def ancestor_walk(parents: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The parents walk of the mask-free kernel: every query row starts at its own node and follows
+    its parent pointer one level per step, all rows at once, marking the keys it lands on, until
+    every row has passed the root (-1). Returns (allowed bool [T, T], steps taken = the depth)."""
+    parents = parents.long()
+    node = torch.arange(len(parents), device=parents.device)
+    current = node.clone()
+    allowed = node[None, :] == current[:, None]
+    steps = 0
+    while bool((current >= 0).any()):
+        current = torch.where(current >= 0, parents[current.clamp_min(0)], current)
+        allowed |= (node[None, :] == current[:, None]) & (current[:, None] >= 0)
+        steps += 1
+    return allowed, steps
+
+
 def tiled_reference(q, k, v, parents, block_n: int = 64, scale=None) -> torch.Tensor:
     """The kernels' algorithm in PyTorch, one query head at a time, for reading (and tested like them):
     FlashAttention's online softmax over key tiles of `block_n` (running max m, running sum l, an
@@ -77,14 +93,7 @@ def tiled_reference(q, k, v, parents, block_n: int = 64, scale=None) -> torch.Te
     group = H // k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     out = torch.empty(B, H, T, D, dtype=torch.float32, device=q.device)
-    parents = parents.to(q.device, torch.long)
-    node = torch.arange(T, device=q.device)
-    # the tree tile's allowed matrix by the walk (the kernel builds it in registers)
-    current = node.clone()
-    allowed_tree = node[None, :] == current[:, None]
-    while bool((current >= 0).any()):
-        current = torch.where(current >= 0, parents[current.clamp_min(0)], current)
-        allowed_tree |= (node[None, :] == current[:, None]) & (current[:, None] >= 0)
+    allowed_tree, _ = ancestor_walk(parents.to(q.device))  # the kernel builds it in registers
     for b in range(B):
         for h in range(H):
             qh, kh, vh = q[b, h].float(), k[b, h // group].float(), v[b, h // group].float()

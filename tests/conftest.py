@@ -61,3 +61,17 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
 def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> torch.Tensor:
     """[1, length] random token ids, avoiding the tiny models' special ids 0-2."""
     return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny Llama target, another as its draft, and 3 Medusa heads with random (not zero) blocks:
+    the token-tree tests' models (notebooks 06 and 07)."""
+    from specdec_utils.medusa import MedusaHeads
+    target = tiny_model("tiny-llama", vocab_size=64, seed=1).eval()
+    draft = tiny_model("tiny-llama", vocab_size=64, seed=2).eval()
+    heads = MedusaHeads(target, 3)
+    with torch.no_grad():
+        for block in heads.blocks:
+            torch.nn.init.normal_(block.weight, std=0.3)
+    return target, draft, heads

@@ -71,17 +71,6 @@ def test_pruning_takes_subtrees_along():
     assert nodes.tolist() == [0, 2, 3] and new_parents.tolist() == [-1, 0, 0]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    target = tiny_model("tiny-llama", vocab_size=64, seed=1).eval()
-    draft = tiny_model("tiny-llama", vocab_size=64, seed=2).eval()
-    heads = MedusaHeads(target, 3)
-    with torch.no_grad():
-        for block in heads.blocks:
-            torch.nn.init.normal_(block.weight, std=0.3)
-    return target, draft, heads
-
-
 def test_one_tree_pass_equals_running_each_path_alone(tiny):
     """Every node's logits from the tree pass (cache + 4D mask + tree positions) equal a plain
     causal forward over prompt + that node's path."""

@@ -10,8 +10,6 @@ import torch
 
 from specdec_utils import generate, tree as trees
 from specdec_utils import tree_attention as ta
-from specdec_utils.medusa import MedusaHeads
-from specdec_utils.models import tiny_model
 
 pytestmark = pytest.mark.skipif(not ta.AVAILABLE, reason=ta.WHY or "triton unavailable")
 
@@ -123,18 +121,6 @@ def test_without_triton_the_module_imports_and_says_why():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused: triton is not available" in out.stdout
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    target = tiny_model("tiny-llama", vocab_size=64, seed=1).eval()
-    draft = tiny_model("tiny-llama", vocab_size=64, seed=2).eval()
-    heads = MedusaHeads(target, 3)
-    with torch.no_grad():
-        for block in heads.blocks:
-            torch.nn.init.normal_(block.weight, std=0.3)
-    yield target, draft, heads
-    ta.use_backend(target, "sdpa")
 
 
 @pytest.mark.parametrize("backend", ["tree_triton", "tree_triton_masked"])
