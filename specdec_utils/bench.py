@@ -30,10 +30,12 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from . import methods as engine_methods
-from .engine import GenerationResult
+from .cuda_graphs import enable_cuda_graphs
+from .engine import GenerationResult, attention_backends
 from .medusa import load_heads
 from .models import UnknownModelError, load_model
 from .prompts import eval_subset, format_prompt, load_prompts
+from .static_cache import supports_static_cache
 from .utils import device_summary, get_device, timer
 
 METHODS = (*engine_methods.METHODS, "hf-assisted")
@@ -162,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--out", type=Path, default=None, help="write the records to this JSON file")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay the target's and drafts' decode steps from CUDA graphs (GPU only; notebook 08)")
     return parser
 
 
@@ -318,7 +322,8 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                         heads=variant_heads, **settings)
 
     for variant in variants:
-        run(variant, encoded[0], references[0])
+        with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
+            run(variant, encoded[0], references[0])
     device_name = device_summary(device)
     if torch.device(device).type == "cpu":
         device_name += f" | {torch.backends.cpu.get_cpu_capability()}"
@@ -331,7 +336,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
             draft_calls = ForwardCounter(variant_heads if variant.method == "medusa" else variant_draft)
             small_calls = ForwardCounter(variant_small if variant.method in engine_methods.HIERARCHICAL else None)
             try:
-                with timer(device) as elapsed:
+                with timer(device) as elapsed, attention_backends(torch.device(device)):
                     result = run(variant, input_ids, reference)
             finally:
                 target_calls.remove()
@@ -353,6 +358,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 "gamma": variant.gamma or gamma,
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
                 "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
+                "cuda_graphs": getattr(target, "_specdec_graphs", None) is not None,
                 **result.round_sums()})
     return records
 
@@ -423,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             if method in engine_methods.METHODS and method != "ar":
                 check_policy(method, args.gamma, params.get(method, {}), draft)
+        if args.cuda_graphs:
+            if torch.device(args.device).type != "cuda":
+                raise UsageError(f"argument --cuda-graphs: needs a CUDA GPU; this run is on {args.device}")
+            for model in (target, draft, draft_small):
+                if model is not None and supports_static_cache(model):
+                    enable_cuda_graphs(model)
     except UsageError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2

@@ -18,6 +18,8 @@ plus the assisted-decoding loop), the split is the same, without batching or mod
 
 The one rule that keeps caches right: a cache only ever holds committed tokens at the start of a
 round, and each forward feeds a model every token its cache has not seen yet (`forward_uncached`).
+Caches are `StaticKVCache`s (notebook 08): allocated once, rolled back by moving a pointer; a model
+with CUDA graphs enabled (`cuda_graphs.enable_cuda_graphs`) replays its steps through the same call.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from . import tree as trees
 from .kv_cache import cache_length, trim_cache
 from .medusa import capture_hidden
 from .sampling import rejection_sample, sample_token, warp_logits
+from .static_cache import new_cache
 
 
 # --------------------------------------------------------------------------- results
@@ -265,9 +268,17 @@ def _last_hidden_state(model, wanted: bool):
 # --------------------------------------------------------------------------- verifying
 def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
     """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
-    them when `cache` is None: the prefill). Return the last `num_logits` logits [num_logits, V]
+    them when `cache` is None: the prefill, which starts a preallocated `StaticKVCache` for a
+    transformers model). Return the last `num_logits` logits [num_logits, V]
     and the grown cache; positions follow from the cache length."""
+    if cache is None:
+        cache = new_cache(model, tokens.shape[1])
     seen = cache_length(cache)
+    runner = getattr(model, "_specdec_graphs", None)  # CUDA graphs (cuda_graphs.py): replay when it can
+    if runner is not None:
+        logits = runner.forward(cache, tokens[:, seen:], num_logits)
+        if logits is not None:
+            return logits, cache
     out = model(input_ids=tokens[:, seen:], past_key_values=cache, use_cache=True,
                 logits_to_keep=num_logits)
     return out.logits[0, -num_logits:], out.past_key_values
@@ -303,6 +314,25 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
     the budget (k drafts + 1 target token <= tokens left). The first target pass is also the
     prefill, so a draft that is always accepted needs ceil(n / (gamma + 1)) target passes.
     """
+    with attention_backends(input_ids.device):
+        return _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_ids, generator, method)
+
+
+AVOID_CUDNN_ATTENTION = True  # notebook 08 turns it off to show the trap
+
+
+def attention_backends(device):
+    """On a CUDA GPU, let SDPA choose among flash, memory-efficient and math attention but not cuDNN.
+    PyTorch prefers cuDNN's attention on recent GPUs, and cuDNN builds (and caches) an execution plan
+    for every new (query length, key length): speculative decoding makes new ones every round, so
+    each round paid milliseconds of plan building (notebook 08 profiles it). Elsewhere: no change."""
+    if device.type != "cuda" or not AVOID_CUDNN_ATTENTION:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_ids, generator, method):
     result = GenerationResult(accepted_per_position=[0] * getattr(policy, "initial_gamma", 0), method=method)
     tokens, target_cache = input_ids, None  # tokens: prompt + committed
     start = time.perf_counter()

@@ -4,6 +4,7 @@ Speculative decoding appends gamma drafted tokens to a KV cache and must remove 
 `DynamicCache.crop(n)` meant "keep n tokens" until transformers 5.17 (which only warns) and raises
 for positive n from 5.2x on; a negative n ("remove |n| tokens") works in both. Worse, in the
 legacy meaning `crop(0)` empties the cache, so a rollback of zero tokens must never reach it.
+The engine's own `StaticKVCache` (static_cache.py, notebook 08) has `rollback(n)`: a pointer move.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def trim_cache(cache, length: int):
     if not 0 <= length <= current:
         raise ValueError(f"cannot trim a cache of {current} positions to {length}; "
                          f"allowed: 0 <= length <= {current}")
+    if hasattr(cache, "rollback"):  # the preallocated StaticKVCache: move a pointer, O(1)
+        cache.rollback(length)
+        return cache
     remove = current - length
     if remove == 0:
         return cache  # never call crop(0): in the legacy API it empties the cache

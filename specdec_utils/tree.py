@@ -28,6 +28,7 @@ import torch
 
 from .kv_cache import cache_length, trim_cache
 from .sampling import sample_token
+from .static_cache import new_cache
 
 
 # --------------------------------------------------------------------------- structure
@@ -96,6 +97,8 @@ def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torc
     `num_logits` inputs [num_logits, V], the grown cache). For the target (newest token uncached,
     fed = 0, num_logits = T + 1) row 0 is the root's distribution and row 1 + i node i's."""
     check_parents(parents)
+    if cache is None:
+        cache = new_cache(model, tokens.shape[1] + len(parents))
     seen = cache_length(cache)
     L = tokens.shape[1]
     if seen < L and fed == 0:

@@ -82,6 +82,8 @@ def run_main(capsys, argv):
     (["--target", "tiny-llama", "--draft", "tiny-llama", "--methods", "draft-tree", "--param", "draft-tree.width=0"],
      "argument --param: width must be an integer >= 1, got 0"),
     (["--target", "tiny-llama", "--draft", "no-such-model"], "argument --draft: unknown model 'no-such-model'"),
+    (["--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu", "--cuda-graphs"],
+     "argument --cuda-graphs: needs a CUDA GPU; this run is on cpu"),
 ])
 def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
     code, out, err = run_main(capsys, argv)

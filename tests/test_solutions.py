@@ -218,3 +218,18 @@ def test_ch07_ancestors_by_lifting_and_bytes():
     first, packed, per_head = (ch07.kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
     assert first == 2 * 9 * 4 * 1088 * 64 * 2 and first == 3 * packed and per_head * 4 == first
     assert ch07.mask_bytes(1024, 64) == 64 * 1088
+
+
+def test_ch08_bound_and_buffer_bytes():
+    import json
+    ch08 = load("ch08")
+    assert ch08.expected_tau(0.0, 4) == 1 and ch08.expected_tau(1.0, 4) == 5
+    assert abs(ch08.expected_tau(0.5, 2) - 1.75) < 1e-12
+    rows = [(g, ch08.expected_tau(0.7, g)) for g in (2, 4, 6)]
+    assert ch08.fit_alpha(rows) == 0.7
+    assert abs(ch08.predicted_tok_per_s(0.5, 2, 4.0, 0.5, 1.0) - 1.75 / 6.0 * 1e3) < 1e-9
+    bench = json.loads(ch08.BENCH.read_text())
+    compared = ch08.compare(bench)
+    assert [g for g, _, _ in compared] == [2, 3, 4, 5, 6]
+    assert all(0.7 < predicted / measured < 1.3 for _, measured, predicted in compared)
+    assert ch08.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2 == 4 * ch08.kv_bytes_per_step(256, 30, 3, 64, 2)

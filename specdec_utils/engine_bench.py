@@ -1,0 +1,276 @@
+"""The GPU engine benchmark of notebook 08: `python -m specdec_utils.engine_bench [--out FILE]` (GPU only).
+
+On the held-out prompts (one per category), greedy, `--max-new-tokens` tokens each:
+1. float32 identity: the target alone and greedy speculative decoding with each draft, on
+   transformers' DynamicCache, on the StaticKVCache (eager) and CUDA-graphed: tokens compared;
+2. one target step (1 token, and 5: a gamma-4 verification) and one draft step, eager vs graphed;
+3. the decode loop, bf16: `ar` and `greedy` (draft-s, draft-m; gamma 2..6) eager with PyTorch's
+   default attention choice (cuDNN), eager without cuDNN attention (the engine's default), graphed;
+4. a round's anatomy: model-forward time (synchronised around every forward) against the whole
+   generation, per mode, and the torch profiler's top host and device ops.
+Writes data/bench/engine_gpu_h100.json by default. Needs the offline target prepared
+(`python -m specdec_utils --prepare`)."""
+import argparse
+import datetime
+import json
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+import transformers
+
+from . import engine, generate, get_preset, load_model, static_cache
+from .cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+from .prompts import eval_subset, format_prompt
+from .utils import REPO_ROOT
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO_ROOT / "data" / "bench" / "engine_gpu_h100.json"))
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--parts", default="1234", help="which parts to run (see the module docstring)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.exit(2, "engine_bench: needs a CUDA GPU (the committed JSON is the H100 run)\n")
+    run(args.out, args.max_new_tokens, args.parts)
+
+
+@contextmanager
+def cudnn_attention(allowed: bool):
+    """allowed=True: PyTorch's default SDPA backend choice (cuDNN first on an H100)."""
+    before = engine.AVOID_CUDNN_ATTENTION
+    engine.AVOID_CUDNN_ATTENTION = not allowed
+    try:
+        yield
+    finally:
+        engine.AVOID_CUDNN_ATTENTION = before
+
+
+@contextmanager
+def graphed(*models):
+    runners = [enable_cuda_graphs(m) for m in models if m is not None]
+    try:
+        yield runners
+    finally:
+        for m in models:
+            if m is not None:
+                disable_cuda_graphs(m)
+
+
+@contextmanager
+def dynamic_cache():
+    static_cache.ENABLED = False
+    try:
+        yield
+    finally:
+        static_cache.ENABLED = True
+
+
+@contextmanager
+def forward_clock():
+    """Time every engine forward with a synchronisation on each side: the model's share of a round."""
+    spent = [0.0]
+    original = engine.forward_uncached
+
+    def timed(*args, **kwargs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        torch.cuda.synchronize()
+        spent[0] += time.perf_counter() - t0
+        return out
+
+    engine.forward_uncached = timed
+    try:
+        yield spent
+    finally:
+        engine.forward_uncached = original
+
+
+def run(out_path, max_new_tokens, parts):
+    torch.manual_seed(0)
+    preset = get_preset("offline")
+    res = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16 (part 1: float32)",
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+           "date": datetime.date.today().isoformat(), "max_new_tokens": max_new_tokens,
+           "cache_capacity": f"prompt + {static_cache.CHUNK}, rounded up to a multiple of {static_cache.CHUNK}",
+           "timing": "host wall clock around each call after warm-up; the results' tokens are on the host, so "
+                     "every generation is complete when its clock stops"}
+
+    def save():
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    rows = eval_subset(per_category=1, seed=0)
+    warm_rows = eval_subset(per_category=1, seed=1)[:2]
+    res["prompts"] = [r["id"] for r in rows]
+
+    def load(dtype):
+        target, tok = load_model(preset["target"], "cuda", dtype)
+        drafts = {name: load_model(preset[key], "cuda", dtype)[0]
+                  for name, key in (("draft-s", "draft_small"), ("draft-m", "draft_medium"))}
+        return target, tok, drafts
+
+    def encode(tok, rs):
+        return [tok(format_prompt(tok, r), return_tensors="pt").input_ids.cuda() for r in rs]
+
+    def gen(target, draft, ids, method, gamma=4):
+        return generate(target, ids, max_new_tokens, method=method, draft=draft, gamma=gamma)
+
+    # ---------------------------------------------------------------- 1. float32 identity
+    if "1" in parts:
+        target, tok, drafts = load(torch.float32)
+        prompts = encode(tok, rows)
+        ident = {}
+        for label, draft in (("ar", None), ("greedy draft-s", drafts["draft-s"]), ("greedy draft-m", drafts["draft-m"])):
+            method = "ar" if draft is None else "greedy"
+            with dynamic_cache():
+                dyn = [gen(target, draft, p, method).new_token_ids for p in prompts]
+            static = [gen(target, draft, p, method).new_token_ids for p in prompts]
+            with graphed(target, draft):
+                graph = [gen(target, draft, p, method).new_token_ids for p in prompts]
+            ident[label] = {"static_eq_dynamic": sum(a == b for a, b in zip(static, dyn)),
+                            "graphed_eq_static": sum(a == b for a, b in zip(graph, static)),
+                            "eq_ar": None, "prompts": len(prompts), "tokens": dyn}
+        for label in ident:
+            ident[label]["eq_ar"] = sum(a == b for a, b in zip(ident[label]["tokens"], ident["ar"]["tokens"]))
+        for label in ident:
+            del ident[label]["tokens"]
+        res["float32_identity"] = ident
+        print("identity", ident, flush=True)
+        save()
+        del target, drafts
+        torch.cuda.empty_cache()
+
+    target, tok, drafts = load(torch.bfloat16)
+    prompts, warm = encode(tok, rows), encode(tok, warm_rows)
+
+    # ---------------------------------------------------------------- 2. one step
+    if "2" in parts:
+        steps = {}
+
+        def step_ms(model, n, graph, repeats=30):
+            ids = torch.randint(0, 1000, (1, 100), device="cuda")
+            runner = enable_cuda_graphs(model) if graph else None
+            try:
+                logits, cache = engine.forward_uncached(model, ids, None)
+                new = torch.randint(0, 1000, (1, n), device="cuda")
+                times = []
+                for i in range(repeats + 3):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    engine.forward_uncached(model, torch.cat([ids, new], 1), cache, n)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                    cache.rollback(100)
+                return statistics.median(times[3:])
+            finally:
+                if runner is not None:
+                    disable_cuda_graphs(model)
+
+        with engine.attention_backends(torch.device("cuda")), torch.inference_mode():
+            for name, model in (("target", target), ("draft-s", drafts["draft-s"]), ("draft-m", drafts["draft-m"])):
+                for n in ((1, 5) if name == "target" else (1,)):
+                    eager, graph = step_ms(model, n, False), step_ms(model, n, True)
+                    steps[f"{name} {n} token{'s' if n > 1 else ''}"] = {"eager_ms": eager, "graphed_ms": graph,
+                                                                        "speedup": eager / graph}
+        res["step"] = steps
+        print("steps", steps, flush=True)
+        save()
+
+    # ---------------------------------------------------------------- 3. the loop
+    if "3" in parts:
+        configs = [("ar", None, 1), ("greedy draft-s", "draft-s", 4), ("greedy draft-m", "draft-m", 4)]
+        graph_extra = [(f"greedy draft-s gamma {g}", "draft-s", g) for g in (2, 3, 5, 6)]
+        loops = {}
+
+        def bench(mode, label, draft_name, gamma):
+            draft = drafts.get(draft_name)
+            method = "ar" if draft is None else "greedy"
+            for w in warm:
+                gen(target, draft, w, method, gamma)
+            out = [gen(target, draft, p, method, gamma) for p in prompts]
+            tokens = sum(len(r.new_token_ids) for r in out)
+            wall = sum(r.wall_s for r in out)
+            rounds = [s for r in out for s in r.rounds]
+            loops[f"{mode} | {label}"] = {
+                "mode": mode, "method": label, "gamma": gamma, "tokens": tokens, "wall_s": wall,
+                "tok_per_s": tokens / wall, "target_calls": sum(r.target_calls for r in out),
+                "tau": tokens / sum(r.target_calls for r in out), "ms_per_round": wall / len(rounds) * 1e3,
+                "per_prompt_tok_per_s": [len(r.new_token_ids) / r.wall_s for r in out],
+                "draft_ms": sum(s.draft_ms for s in rounds), "verify_ms": sum(s.verify_ms for s in rounds),
+                "bookkeeping_ms": sum(s.bookkeeping_ms for s in rounds),
+                "token_ids": [r.new_token_ids for r in out]}
+            print(mode, label, f"{tokens / wall:.1f} tok/s tau {loops[f'{mode} | {label}']['tau']:.2f}", flush=True)
+
+        with cudnn_attention(True):  # the trap first: fresh prompts, fresh shapes
+            for label, d, g in configs:
+                bench("eager, cuDNN attention", label, d, g)
+        for label, d, g in configs:
+            bench("eager", label, d, g)
+        with graphed(target, *drafts.values()) as runners:
+            for label, d, g in configs + graph_extra:
+                bench("graphed", label, d, g)
+            res["graph_captures"] = {"target": runners[0].captures,
+                                     "drafts": sum(r.captures for r in runners[1:])}
+        for key in loops:
+            mode = loops[key]["mode"]
+            ar = loops[f"{mode} | ar"]["tok_per_s"]
+            loops[key]["speedup_vs_ar_same_mode"] = loops[key]["tok_per_s"] / ar
+            loops[key]["speedup_vs_eager_ar"] = loops[key]["tok_per_s"] / loops["eager | ar"]["tok_per_s"]
+            loops[key]["eq_ar_tokens"] = sum(a == b for a, b in zip(loops[key]["token_ids"],
+                                                                     loops[f"{mode} | ar"]["token_ids"]))
+        for key in loops:
+            del loops[key]["token_ids"]
+        res["loop"] = loops
+        save()
+
+    # ---------------------------------------------------------------- 4. anatomy of a generation
+    if "4" in parts:
+        anatomy, profiles = {}, {}
+        draft = drafts["draft-s"]
+        for mode in ("eager, cuDNN attention", "eager", "graphed"):
+            ctx_cudnn = cudnn_attention(mode.startswith("eager, cuDNN"))
+            with ctx_cudnn, (graphed(target, draft) if mode == "graphed" else _null()):
+                for w in warm:
+                    gen(target, draft, w, "greedy")
+                total = fwd = 0.0
+                for p in prompts[:3]:
+                    with forward_clock() as spent:
+                        r = gen(target, draft, p, "greedy")
+                    total, fwd = total + r.wall_s, fwd + spent[0]
+                anatomy[mode] = {"wall_s": total, "forward_s": fwd, "outside_forwards": 1 - fwd / total}
+                fresh = eval_subset(per_category=1, seed=2)[:1] if mode.startswith("eager, cuDNN") else rows[:1]
+                p = encode(tok, fresh)[0]
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    r = gen(target, draft, p, "greedy")
+                events = prof.key_averages()
+                rows_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+                rows_dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:10]
+                launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+                graph_launches = sum(e.count for e in events if e.key in ("cudaGraphLaunch",))
+                profiles[mode] = {
+                    "rounds": len(r.rounds), "wall_ms": r.wall_s * 1e3, "kernel_launches": launches,
+                    "graph_launches": graph_launches,
+                    "device_ms": sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3,
+                    "top_host_ops": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "count": e.count}
+                                     for e in rows_cpu],
+                    "top_device_ops": [{"op": e.key[:80], "self_device_ms": getattr(e, "self_device_time_total", 0) / 1e3,
+                                        "count": e.count} for e in rows_dev]}
+                print(mode, anatomy[mode], profiles[mode]["kernel_launches"], flush=True)
+        res["anatomy"] = anatomy
+        res["profile"] = profiles
+        save()
+    return res
+
+
+@contextmanager
+def _null():
+    yield
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""A preallocated KV cache with O(1) rollback (notebook 08), the engine's cache on CPU and GPU.
+
+Speculative decoding writes k drafted tokens into the cache every round and throws the rejected
+ones away. transformers' `DynamicCache` grows by `torch.cat` (it copies the whole cache on every
+forward) and shrinks by slicing. This cache allocates [1, KV heads, capacity, head_dim] per layer
+once, writes each forward's keys and values at a pointer, and rolls back by moving the pointer:
+
+    write   keys[:, :, length:length + n] = new keys;   length += n
+    commit  nothing to do: the accepted tokens are already in place
+    reject  length = committed                         (the stale entries are overwritten later)
+
+In **eager** mode a forward sees the view `keys[:, :, :length]`: exactly the tensors a
+`DynamicCache` would hold, so every mask, tree pass and attention backend works unchanged and the
+outputs are the same. In **graphed** mode (`cuda_graphs.py`) a forward writes at a slot tensor and
+attends over the whole buffer under an explicit mask: fixed shapes, fixed addresses, which is what a
+CUDA graph needs. The same object serves both.
+
+It is a transformers `Cache` whose layers subclass `DynamicLayer`, overriding only what a layer
+does with its tensors (`update`, `get_seq_length`, `crop`); the interface they use is the same in
+transformers 5.17 and 5.23.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer
+
+CHUNK = 128  # capacity: room for this many more positions, rounded up to a multiple of it
+ENABLED = True  # False: new generations start from transformers' DynamicCache (to compare the two)
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values: `keys`/`values` are the whole buffers [B, H_kv, capacity, D];
+    the first `length` positions hold the cache."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+        self.slots = None  # graphed mode: a tensor of the positions this forward writes
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self.keys = key_states.new_zeros(b, h, self.capacity, d)
+        self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.slots is not None:  # graphed: write where the slot tensor says, attend over everything
+            self.keys.index_copy_(2, self.slots, key_states)
+            self.values.index_copy_(2, self.slots, value_states)
+            return self.keys, self.values
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            self.grow(end)
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def grow(self, needed: int) -> None:
+        """Reallocate to the next multiple of CHUNK >= needed (amortised: eager mode only)."""
+        capacity = -(-needed // CHUNK) * CHUNK
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            new[:, :, :self.length] = old[:, :, :self.length]
+            setattr(self, name, new)
+        self.capacity = capacity
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # grows when needed
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Negative: remove that many positions (transformers >= 5.2x); positive: keep that many (the
+        legacy meaning, still accepted by 5.17). Either way only the pointer moves."""
+        keep = self.length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, self.length)
+        self.length = max(keep, 0)
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class StaticKVCache(Cache):
+    """The engine's KV cache: preallocated per layer, O(1) rollback (`rollback(n)` moves a pointer).
+
+    `StaticKVCache(num_layers, capacity)` or `StaticKVCache.for_model(model, capacity)`; pass it as
+    `past_key_values` like any transformers cache. Rolled-back positions keep stale values that
+    no forward reads: the next write overwrites them."""
+
+    def __init__(self, num_layers: int, capacity: int = CHUNK):
+        if not isinstance(num_layers, int) or num_layers < 1 or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"StaticKVCache needs num_layers >= 1 and capacity >= 1, got {num_layers!r}, {capacity!r}")
+        super().__init__(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
+
+    @classmethod
+    def for_model(cls, model, capacity: int = CHUNK) -> "StaticKVCache":
+        return cls(model.config.num_hidden_layers, -(-max(capacity, 1) // CHUNK) * CHUNK)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].capacity
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions: O(1), nothing is copied or freed."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll a cache of {self.length} positions back to {length}; "
+                             f"allowed: 0 <= length <= {self.length}")
+        for layer in self.layers:
+            layer.length = length
+
+    def advance(self, n: int) -> None:
+        """Count `n` positions written by a graphed forward (the graph wrote them; Python did not)."""
+        for layer in self.layers:
+            layer.length += n
+
+    def set_slots(self, slots: torch.Tensor | None) -> None:
+        """Graphed mode on (a tensor of the positions each forward writes) or off (None)."""
+        for layer in self.layers:
+            layer.slots = slots
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for `capacity` positions now (allocating the buffers if they exist)."""
+        for layer in self.layers:
+            if layer.is_initialized and capacity > layer.capacity:
+                layer.grow(capacity)
+            elif not layer.is_initialized:
+                layer.capacity = max(layer.capacity, -(-capacity // CHUNK) * CHUNK)
+
+
+def supports_static_cache(model) -> bool:
+    """True for a transformers decoder (the course's target, drafts, a random Llama); False for the
+    toy models of the exactness tests and the n-gram "model", which keep their own tuple caches."""
+    return isinstance(model, PreTrainedModel) and isinstance(getattr(model.config, "num_hidden_layers", None), int)
+
+
+def new_cache(model, tokens: int):
+    """The cache a first forward over `tokens` positions starts from: a `StaticKVCache` with room to
+    spare for a transformers decoder (a graph-enabled model hands out its own), None otherwise (the
+    model then builds its own cache)."""
+    runner = getattr(model, "_specdec_graphs", None)
+    if runner is not None:
+        return runner.new_cache(tokens)
+    if not ENABLED or not supports_static_cache(model):
+        return None
+    return StaticKVCache.for_model(model, tokens + CHUNK)
