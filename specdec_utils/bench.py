@@ -19,6 +19,8 @@ per-round statistics. Bad arguments exit with status 2 and one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import math
 import sys
@@ -38,7 +40,8 @@ from .prompts import eval_subset, format_prompt, load_prompts
 from .static_cache import supports_static_cache
 from .utils import device_summary, get_device, timer
 
-METHODS = (*engine_methods.METHODS, "hf-assisted")
+HF_METHODS = ("hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
+METHODS = (*engine_methods.METHODS, *HF_METHODS)
 GREEDY_METHODS = ("greedy", "oracle")  # decode greedily whatever --temperature says
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -242,16 +245,27 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
              temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
              params: dict | None = None, draft_small=None, heads=None) -> GenerationResult:
     """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
-    (`greedy` and `oracle` at temperature 0), `hf-assisted` through Hugging Face. `drafted` and
-    `accepted` are -1 where the method does not say."""
-    if method != "hf-assisted":
+    (`greedy` and `oracle` at temperature 0), the `hf-*` ones through Hugging Face's `generate`:
+    `hf-assisted` (`assistant_model`, constant `num_assistant_tokens` = gamma, no confidence stop: our
+    `greedy` / `sampling`), `hf-assisted-heuristic` (HF's defaults: the "heuristic" schedule that grows
+    or shrinks the draft length by 2 / 1 after each round, and `assistant_confidence_threshold` 0.4:
+    our `adaptive-hf` plus `confidence-stop`) and `hf-prompt-lookup` (`prompt_lookup_num_tokens` =
+    gamma, no draft model: candidates copied from the prompt and output after the longest matching
+    n-gram, up to 2 tokens; notebook 05's zero-cost level). `drafted` and `accepted` are -1 where the
+    method does not say."""
+    if method not in HF_METHODS:
         return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
                                        temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
                                        eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
                                        params=params, draft_small=draft_small, heads=heads)
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0  # always draft gamma tokens
+    if method == "hf-prompt-lookup":
+        switches = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}
+    else:
+        heuristic = method == "hf-assisted-heuristic"
+        draft.generation_config.num_assistant_tokens = gamma
+        draft.generation_config.num_assistant_tokens_schedule = "heuristic" if heuristic else "constant"
+        draft.generation_config.assistant_confidence_threshold = 0.4 if heuristic else 0  # 0: always gamma tokens
+        switches = {"assistant_model": draft}
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
         else {"do_sample": False}
     torch.manual_seed(seed)  # Hugging Face samples from the global generator
@@ -260,8 +274,8 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with full_vocab_config(draft):
-            output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
+        with full_vocab_config(draft) if "assistant_model" in switches else contextlib.nullcontext():
+            output = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **switches,
                                      max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                                      pad_token_id=pad_token_id, **sampling)
     finally:
@@ -328,6 +342,9 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     if torch.device(device).type == "cpu":
         device_name += f" | {torch.backends.cpu.get_cpu_capability()}"
 
+    import transformers
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    today = datetime.date.today().isoformat()
     records = []
     for row, input_ids, reference in zip(rows, encoded, references):
         for variant in variants:
@@ -343,7 +360,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 draft_calls.remove()
                 small_calls.remove()
             new_tokens = len(result.new_token_ids)
-            if variant.method == "hf-assisted":  # each target pass verifies a round: accepted + 1 tokens
+            if variant.method in ("hf-assisted", "hf-assisted-heuristic"):  # a target pass verifies a round
                 result.drafted, result.accepted = draft_calls.calls, new_tokens - target_calls.calls
             records.append({
                 "id": row["id"], "category": row.get("category"), "method": variant.label,
@@ -359,6 +376,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
                 "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
                 "cuda_graphs": getattr(target, "_specdec_graphs", None) is not None,
+                "versions": versions, "date": today,
                 **result.round_sums()})
     return records
 
@@ -407,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
         draft = draft_small = None
-        if any(method not in ("ar", "medusa") for method in args.methods):
+        if any(method not in ("ar", "medusa", "hf-prompt-lookup") for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
         for method in engine_methods.TREES:

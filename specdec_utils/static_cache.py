@@ -41,8 +41,9 @@ class PreallocatedLayer(DynamicLayer):
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
-        self.keys = key_states.new_zeros(b, h, self.capacity, d)
-        self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
+            self.keys = key_states.new_zeros(b, h, self.capacity, d)
+            self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -65,7 +66,8 @@ class PreallocatedLayer(DynamicLayer):
         capacity = -(-needed // CHUNK) * CHUNK
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            with torch.inference_mode(False):
+                new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
             new[:, :, :self.length] = old[:, :, :self.length]
             setattr(self, name, new)
         self.capacity = capacity

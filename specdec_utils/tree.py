@@ -181,7 +181,7 @@ def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: to
             else:
                 qx = float(q[c, x])
                 ratio = 1.0 if qx <= 0 else min(1.0, float(p[x]) / qx)  # qx > 0: x was drawn from q
-            if ratio > 0 and float(torch.rand((), generator=generator, device=p.device)) < ratio:
+            if ratio > 0 and float(torch.rand((), generator=generator)) < ratio:  # a CPU generator, as sample_token
                 accepted = c
                 break
             p = residual(p, x, None if q is None else q[c])

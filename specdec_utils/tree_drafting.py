@@ -168,7 +168,7 @@ class DraftTreeProposer:
                 base = score[parent] if parent >= 0 else 0.0
                 if sample:
                     q = sampler.probs(rows[j])
-                    picks = torch.multinomial(q, policy.width, replacement=True, generator=generator).tolist()
+                    picks = torch.multinomial(q.cpu(), policy.width, replacement=True, generator=generator).tolist()  # CPU generator
                 else:
                     q = None
                     picks = logp.topk(policy.width).indices.tolist()

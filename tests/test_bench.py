@@ -14,7 +14,7 @@ from specdec_utils.speculative import autoregressive_generate
 from specdec_utils.utils import REPO_ROOT
 
 RECORD_KEYS = {"id", "method", "new_token_ids", "text", "wall_s", "new_tokens", "target_calls", "drafted",
-               "accepted", "gamma", "temperature", "dtype", "device"}
+               "accepted", "gamma", "temperature", "dtype", "device", "device_name", "versions", "date", "cuda_graphs"}
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -122,7 +122,7 @@ def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
     """tiny-gpt2 as the draft of tiny-llama (same tokenizer, unrelated weights): greedy methods
     must reproduce the target's greedy output whatever the draft proposes."""
     out_file = tmp_path / "results" / "bench.json"
-    methods = ["ar", "greedy", "sampling", "hf-assisted"]
+    methods = ["ar", "greedy", "sampling", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup"]
     code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", ",".join(methods),
                                        "--prompts", str(prompts_file), "--max-new-tokens", "11", "--gamma", "3",
                                        "--device", "cpu", "--out", str(out_file)])
@@ -138,13 +138,16 @@ def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
     for prompt_id in ("story", "chat"):
         ar = by_key[prompt_id, "ar"]
         assert ar["target_calls"] == ar["new_tokens"] and ar["drafted"] == 0
-        for method in ("greedy", "hf-assisted"):
-            assert by_key[prompt_id, method]["new_token_ids"] == ar["new_token_ids"]
+        for method in ("greedy", "hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup"):
+            assert by_key[prompt_id, method]["new_token_ids"] == ar["new_token_ids"], method
             assert by_key[prompt_id, method]["text"] == ar["text"]
-        for method in ("greedy", "sampling", "hf-assisted"):
+        for method in ("greedy", "sampling", "hf-assisted", "hf-assisted-heuristic"):
             record = by_key[prompt_id, method]
             assert record["new_tokens"] == record["accepted"] + record["target_calls"]
             assert record["draft_calls"] == record["drafted"] > 0
+        lookup = by_key[prompt_id, "hf-prompt-lookup"]
+        assert lookup["draft_calls"] == 0 and lookup["drafted"] == -1 and lookup["target_calls"] <= lookup["new_tokens"]
+    assert records[0]["versions"]["torch"] == torch.__version__ and records[0]["cuda_graphs"] is False
 
 
 def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tmp_path):

@@ -233,3 +233,18 @@ def test_ch08_bound_and_buffer_bytes():
     assert [g for g, _, _ in compared] == [2, 3, 4, 5, 6]
     assert all(0.7 < predicted / measured < 1.3 for _, measured, predicted in compared)
     assert ch08.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2 == 4 * ch08.kv_bytes_per_step(256, 30, 3, 64, 2)
+
+
+def test_ch09_bootstrap_and_loop_overhead():
+    ch09 = load("ch09")
+
+    def rec(method, prompt, tokens, wall, calls):
+        return {"id": prompt, "method": method, "category": "code", "new_tokens": tokens, "wall_s": wall,
+                "target_calls": calls}
+    records = [rec("ar", "a", 10, 1.0, 10), rec("ar", "b", 10, 1.0, 10),
+               rec("greedy", "a", 10, 0.5, 4), rec("greedy", "b", 10, 0.25, 4), rec("hf-assisted", "a", 10, 0.9, 4)]
+    low, high = ch09.bootstrap_speedup(records, "greedy", "code", n=400)
+    assert 2.0 <= low < high <= 4.0  # one prompt alone: 2x or 4x; both: 20 / 0.75 / 10
+    with pytest.raises(ValueError, match="no prompt of category 'chat'"):
+        ch09.bootstrap_speedup(records, "greedy", "chat")
+    assert abs(ch09.loop_overhead_ms(records, "greedy", "hf-assisted") - (0.9 / 4 - 0.75 / 8) * 1e3) < 1e-9

@@ -200,3 +200,22 @@ def test_non_transformers_models_keep_their_own_caches():
     from specdec_utils.exactness import ToyLM
     assert static_cache.new_cache(ToyLM(8), 5) is None
     assert isinstance(PreallocatedLayer(4), PreallocatedLayer)
+
+
+def test_a_cache_made_in_inference_mode_keeps_working_outside_it(pair):
+    """transformers' DynamicCache concatenates (new tensors each time); ours writes in place, so its
+    buffers must not be inference tensors, whatever mode the first forward ran in."""
+    target, _ = pair
+    ids = random_prompt(20, seed=10)
+    with torch.inference_mode():
+        a, cache = forward_uncached(target, ids[:, :10], None)
+    with torch.no_grad():
+        b, cache = forward_uncached(target, ids, cache, 1)
+        _, dynamic = forward_uncached(target, ids[:, :10], DynamicCache())
+        reference, dynamic = forward_uncached(target, ids, dynamic, 1)
+    assert torch.equal(b, reference)
+    with torch.inference_mode():
+        trim_cache(cache, 15), trim_cache(dynamic, 15)
+        c, cache = forward_uncached(target, ids, cache, 1)
+        reference, _ = forward_uncached(target, ids, dynamic, 1)
+    assert torch.equal(c, reference) and cache.length == 20

@@ -1,0 +1,73 @@
+"""The leaderboard renderer (notebook 09) on the committed results and on hand-made records: no GPU, no model."""
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec_utils import leaderboard as lb
+from specdec_utils.utils import REPO_ROOT
+
+
+def record(method, prompt, category, tokens, wall, calls, drafted=-1, accepted=-1, ids=None, temperature=0.0):
+    return {"id": prompt, "method": method, "category": category, "new_tokens": tokens, "wall_s": wall,
+            "target_calls": calls, "drafted": drafted, "accepted": accepted, "temperature": temperature,
+            "new_token_ids": ids if ids is not None else list(range(tokens)), "dtype": "bfloat16",
+            "device_name": "some CPU | torch 2.13", "versions": {"torch": "2.13"}, "date": "2026-11-23",
+            "cuda_graphs": False}
+
+
+@pytest.fixture
+def run():
+    return [record("ar", "p1", "code", 10, 1.0, 10), record("ar", "p2", "chat", 10, 2.0, 10),
+            record("greedy", "p1", "code", 10, 0.5, 4, drafted=12, accepted=6),
+            record("greedy", "p2", "chat", 10, 1.0, 5, drafted=16, accepted=5, ids=[9] * 10)]
+
+
+def test_summary_numbers(run):
+    rows = {r["method"]: r for r in lb.summarize(run)}
+    assert rows["ar"]["speedup"] == 1 and rows["ar"]["tau"] == 1
+    assert rows["greedy"]["tok_per_s"] == 20 / 1.5 and rows["greedy"]["speedup"] == (20 / 1.5) / (20 / 3)
+    assert rows["greedy"]["tau"] == 20 / 9 and rows["greedy"]["waste"] == (12 - 6 + 16 - 5) / 20
+    assert rows["greedy"]["same_as_ar"] == (1, 2)  # p2's greedy output departs from ar's: a flip, reported
+    assert rows["greedy"]["by_category"] == {"code": 2.0, "chat": 2.0}
+    text = lb.markdown([run])
+    assert "| `greedy` | 13.3 | **2.00x** | 2.22 | 0.85 | 1/2 | 2.00x | 2.00x |" in text
+    assert "some CPU, bfloat16, eager, greedy (torch 2.13; 2026-11-23)" in text
+
+
+def test_sampled_runs_do_not_compare_tokens(run):
+    for r in run:
+        r["temperature"] = 1.0 if r["method"] != "greedy" else 0.0
+    rows = {r["method"]: r for r in lb.summarize(run)}
+    assert rows["greedy"]["same_as_ar"] is None and "sampled at T = 1.0" in lb.setting(run)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda rs: [{k: v for k, v in r.items() if k != "date"} for r in rs], "lacks date: re-run it with the current bench CLI"),
+    (lambda rs: [r for r in rs if r["method"] != "ar"], "has no `ar` records"),
+    (lambda rs: {"records": rs}, "must hold a non-empty list of bench records"),
+])
+def test_bad_files_give_one_line(tmp_path, capsys, run, change, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(change(copy.deepcopy(run))))
+    assert lb.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("leaderboard: error: ") and message in err and err.count("\n") == 1
+    assert lb.main([str(tmp_path / "none.json")]) == 2
+    assert "no such results file" in capsys.readouterr().err
+
+
+def test_the_committed_board_renders(tmp_path):
+    files = lb.committed_files()
+    assert files, "no committed leaderboard_*.json"
+    runs = lb.load(files)
+    for records in runs:
+        assert {"device_name", "dtype", "versions", "date"} <= records[0].keys()
+    out = subprocess.run([sys.executable, "-m", "specdec_utils.leaderboard", "--out-dir", str(tmp_path)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("### ") == len(files) and "| `ar` |" in out.stdout
+    assert (tmp_path / "leaderboard.md").read_text().strip() == out.stdout.strip()
+    assert (tmp_path / "leaderboard.png").stat().st_size > 10_000
