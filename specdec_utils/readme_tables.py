@@ -1,0 +1,335 @@
+"""README's result tables, rendered from the committed JSON (never typed).
+
+    python -m specdec_utils.readme_tables            # print every table
+    python -m specdec_utils.readme_tables --write    # rewrite README.md's result blocks in place
+    python -m specdec_utils.readme_tables --check    # exit 1 if README.md's blocks differ from the JSON
+
+A block in README.md sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything between
+the two markers is this module's output for NAME. Speedups are against `ar` measured in the same run, with
+a 95% bootstrap interval over prompts (`report.speedup`); the words "fastest" and "tie" come from
+`report.rank` (intervals that overlap are ties).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from . import report
+from .utils import REPO_ROOT
+
+BENCH = REPO_ROOT / "data" / "bench"
+MODELS = REPO_ROOT / "data" / "models"
+README = REPO_ROOT / "README.md"
+
+
+def _load(name: str) -> list | dict:
+    return json.loads((BENCH / name).read_text())
+
+
+def _tok_s(records, method) -> float:
+    rs = [r for r in records if r["method"] == method]
+    return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+
+
+def _device(records) -> str:
+    first = records[0]
+    name = first.get("device_name", "").split(" | ")[0] or first.get("device", "?")
+    return name
+
+
+def _at(records, temperature: float) -> list[dict]:
+    return [r for r in records if float(r.get("temperature", 0.0)) == temperature]
+
+
+def _waste(records, method) -> float | None:
+    rs = [r for r in records if r["method"] == method]
+    if any(r.get("drafted", -1) < 0 for r in rs):
+        return None
+    return sum(r["drafted"] - r["accepted"] for r in rs) / sum(r["new_tokens"] for r in rs)
+
+
+# --------------------------------------------------------------------------- the blocks
+BENCH_FILES = [("cpu_avx512bf16_bfloat16.json", "2-core AMD EPYC, AVX-512 BF16, bfloat16"),
+               ("cpu_avx512bf16_float32.json", "same CPU, float32"),
+               ("cpu_avx2_bfloat16.json", "2-core AMD EPYC, AVX2 only, bfloat16"),
+               ("cpu_avx2_float32.json", "same CPU, float32"),
+               ("gpu_h100_bfloat16.json", "NVIDIA H100, bfloat16 (eager)"),
+               ("gpu_h100_bfloat16_graphed.json", "same GPU, bfloat16, `--cuda-graphs` (ours graphed, HF eager)"),
+               ("gpu_h100_float32.json", "same GPU, float32 (eager)")]
+
+
+def bench_table() -> str:
+    head = ["device, dtype", "`ar` tokens/s", "ours, greedy", "HF assisted", "ours over `ar`", "ours over HF",
+            "tau (ours / HF)", "versions, date"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, label in BENCH_FILES:
+        # ar's speed does not depend on its temperature (some runs drew ar at T = 1); ours and HF's: greedy only
+        records = [r for r in _load(name) if r["method"] == "ar" or float(r.get("temperature", 0.0)) == 0.0]
+        methods = {r["method"] for r in records}
+        hf = "hf-assisted" in methods
+        ours = report.speedup(records, "greedy")
+        cells = [label, f"{_tok_s(records, 'ar'):.1f}", f"{_tok_s(records, 'greedy'):.1f}",
+                 f"{_tok_s(records, 'hf-assisted'):.1f}" if hf else "-", f"{ours:.2fx}",
+                 f"{report.speedup(records, 'greedy', 'hf-assisted'):.2fx}" if hf else "-",
+                 f"{report.tau(records, 'greedy').value:.2f} / " + (f"{report.tau(records, 'hf-assisted').value:.2f}" if hf else "-"),
+                 _versions(records)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _versions(records) -> str:
+    first = records[0]
+    v = first.get("versions")
+    text = f"torch {v['torch'].split('+')[0]}, transformers {v['transformers']}" if v else "versions not recorded"
+    return text + (f"; {first['date']}" if first.get("date") else "")
+
+
+POLICY_FILES = [("policies_cpu_avx2_float32.json", "AVX2, float32"), ("policies_cpu_avx2_bfloat16.json", "AVX2, bfloat16"),
+                ("policies_cpu_avx512bf16_float32.json", "AVX-512 BF16, float32"),
+                ("policies_cpu_avx512bf16_bfloat16.json", "AVX-512 BF16, bfloat16")]
+
+
+def _speedup_grid(files, *, temperature=0.0, label_of=lambda m: f"`{m}`") -> str:
+    """Methods as rows, runs as columns: speedup [interval] (waste); the fastest tier of each run in bold."""
+    runs = [(_at(_load(name), temperature), label) for name, label in files]
+    methods = list(dict.fromkeys(r["method"] for records, _ in runs for r in records))
+    estimates = [{m: report.speedup(records, m) for m in methods if m != "ar" and any(r["method"] == m for r in records)}
+                 for records, _ in runs]
+    best = [set(report.rank(e)[0]) if e else set() for e in estimates]
+    lines = ["| method | " + " | ".join(label for _, label in runs) + " |", "|---|" + "---|" * len(runs)]
+    for m in methods:
+        cells = []
+        for (records, _), est, top in zip(runs, estimates, best):
+            if m == "ar":
+                cells.append(f"1.00x ({_tok_s(records, 'ar'):.1f} tok/s)")
+            elif m in est:
+                waste = _waste(records, m)
+                text = f"{est[m]:.2fx}" + (f" ({waste:.2f})" if waste is not None else "")
+                cells.append(f"**{text}**" if m in top else text)
+            else:
+                cells.append("-")
+        lines.append(f"| {label_of(m)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def policies_table() -> str:
+    return _speedup_grid(POLICY_FILES)
+
+
+def hierarchy_table() -> str:
+    name = "hierarchy_cpu_avx512bf16_bfloat16.json"
+    records = _load(name)
+    greedy, sampled = _at(records, 0.0), [r for r in records if float(r.get("temperature", 0.0)) > 0]
+    t = max(float(r["temperature"]) for r in sampled)
+    top_p = sampled[0].get("top_p", 1.0)
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    est = [{m: report.speedup(rs, m) for m in methods if m != "ar"} for rs in (greedy, sampled)]
+    best = [set(report.rank(e)[0]) for e in est]
+    lines = [f"| method | greedy | sampled (T = {t:g}, top-p {top_p:g}) |", "|---|---|---|"]
+    for m in methods:
+        if m == "ar":
+            cells = [f"1.00x ({_tok_s(rs, 'ar'):.1f} tok/s)" for rs in (greedy, sampled)]
+        else:
+            cells = [f"**{e[m]:.2fx}**" if m in b else f"{e[m]:.2fx}" for e, b in zip(est, best)]
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _tree_table(name: str) -> str:
+    records = _load(name)
+    greedy = _at(records, 0.0)
+    methods = [m for m in dict.fromkeys(r["method"] for r in greedy) if m != "ar"]
+    est = {m: report.speedup(greedy, m) for m in methods}
+    top = set(report.rank(est)[0])
+    lines = ["| method (greedy) | tau | speedup over `ar` |", "|---|---|---|",
+             f"| `ar` | 1.00 | 1.00x ({_tok_s(greedy, 'ar'):.1f} tok/s) |"]
+    for m in methods:
+        text = f"{est[m]:.2fx}"
+        lines.append(f"| `{m}` | {report.tau(greedy, m).value:.2f} | {f'**{text}**' if m in top else text} |")
+    return "\n".join(lines)
+
+
+def trees_table() -> str:
+    return _tree_table("trees_cpu_avx512bf16_bfloat16.json")
+
+
+def trees_gpu_table() -> str:
+    return _tree_table("trees_gpu_h100_bfloat16.json")
+
+
+def engine_gpu_table() -> str:
+    data = _load("engine_gpu_h100.json")
+    loop = data["loop"]
+    modes = list(dict.fromkeys(v["mode"] for v in loop.values()))
+    methods = list(dict.fromkeys(v["method"] for v in loop.values()))
+
+    def est(entry, base):
+        # per-prompt tokens/s -> tokens/s of the run (equal tokens per prompt), bootstrapped over prompts, paired
+        pairs = list(zip(entry["per_prompt_tok_per_s"], base["per_prompt_tok_per_s"]))
+
+        def ratio(sample):
+            return (len(sample) / sum(1 / a for a, _ in sample)) / (len(sample) / sum(1 / b for _, b in sample))
+        return report.bootstrap(pairs, ratio)
+    lines = ["| method | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for m in methods:
+        cells = []
+        for mode in modes:
+            entry, base = loop.get(f"{mode} | {m}"), loop.get(f"{mode} | ar")
+            if entry is None:
+                cells.append("-")
+            elif m == "ar":
+                cells.append(f"{entry['tok_per_s']:.1f} tok/s")
+            else:
+                cells.append(f"{entry['tok_per_s']:.1f} tok/s, {est(entry, base):.2fx}, tau {entry['tau']:.2f}")
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    step = data["step"]
+    lines += ["", "| one step (after a 100-token prefix) | eager | CUDA graph | ratio |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['eager_ms']:.2f} ms | {v['graphed_ms']:.2f} ms | {v['speedup']:.1f}x |" for k, v in step.items()]
+    ident = data["float32_identity"]
+    lines += ["", "float32 identity (prompts whose tokens agree): " + "; ".join(
+        f"{k}: static = dynamic {v['static_eq_dynamic']}/{v['prompts']}, graphed = static {v['graphed_eq_static']}/{v['prompts']}, "
+        f"= `ar` {v['eq_ar']}/{v['prompts']}" for k, v in ident.items()) + "."]
+    return f"{data['device']}, {data['dtype']}, {len(data['prompts'])} held-out prompts x {data['max_new_tokens']} tokens, " \
+           f"torch {data['versions']['torch']}, transformers {data['versions']['transformers']}, {data['date']}:\n\n" + "\n".join(lines)
+
+
+def tree_attention_table() -> str:
+    data = _load("tree_attention_gpu_h100_bfloat16.json")
+    grid = data["grid"]
+    kernels = [("sdpa_bool_mask", "SDPA + bool mask"), ("sdpa_no_mask", "SDPA, no mask (floor)"),
+               ("flex_block_mask", "FlexAttention"), ("triton_masked", "Triton masked"), ("triton_parents", "Triton mask-free")]
+    prefixes = sorted({int(k.split("_")[0][1:]) for k in grid})
+    lines = []
+    for p in prefixes[-1:]:
+        lines += [f"| P = {p} | " + " | ".join(label for _, label in kernels) + " |", "|---|" + "---|" * len(kernels)]
+        for key in sorted((k for k in grid if k.startswith(f"P{p}_")), key=lambda k: int(k.split("_T")[1])):
+            row = grid[key]
+            times = {k: row[k]["us"] for k, _ in kernels if k in row and row[k].get("us") is not None}
+            fastest = min((v for k, v in times.items() if k != "sdpa_no_mask"), default=None)
+            cells = [(f"**{times[k]:.1f} µs**" if times[k] == fastest else f"{times[k]:.1f} µs") if k in times else "-"
+                     for k, _ in kernels]
+            lines.append(f"| T = {key.split('_T')[1]} | " + " | ".join(cells) + " |")
+    return f"{data['device']}, {data['dtype']}, {data['shapes']}; {data['timing']}; " \
+           f"torch {data['versions']['torch']}, {data['date']}:\n\n" + "\n".join(lines)
+
+
+def drafts_table() -> str:
+    lines = ["| draft | shape | parameters | per-token greedy agreement | tau at gamma 4 (greedy) | a = 1 - TV(p, q) at T = 1 | trained on |",
+             "|---|---|---|---|---|---|---|"]
+    for name in ("draft-s", "draft-m"):
+        log = json.loads((MODELS / name / "training_log.json").read_text())
+        shape, ev = log["shape"], log["eval"]
+        lines.append(f"| `{name}` | {shape['num_hidden_layers']} layers, width {shape['hidden_size']} | "
+                     f"{log['parameters'] / 1e6:.1f} M | {ev['agreement']:.3f} | {ev['tau']:.2f} | {ev['alpha_tv']:.3f} | "
+                     f"{log['device']}, {log['corpus_sequences']:,} sequences ({log['corpus_tokens'] / 1e6:.1f} M tokens) |")
+    ev = json.loads((MODELS / "draft-m" / "training_log.json").read_text())["eval"]
+    return (f"Held-out: {ev['prompts']} evaluation prompts, teacher-forced on the target's greedy {ev['new_tokens']}-token "
+            f"continuations ({ev['positions']:,} positions), draft in bf16.\n\n" + "\n".join(lines))
+
+
+def heads_table() -> str:
+    log = json.loads((MODELS / "medusa-heads" / "training_log.json").read_text())
+    ev = log["eval"]
+    lines = ["| head (guesses the token k + 1 ahead) | top-1 | top-5 | top-10 | positions |", "|---|---|---|---|---|"]
+    for k, (a, b, c, n) in enumerate(zip(ev["top1"], ev["top5"], ev["top10"], ev["positions"]), 1):
+        lines.append(f"| head {k} | {a:.3f} | {b:.3f} | {c:.3f} | {n:,} |")
+    return (f"Held-out accuracies ({log.get('eval_prompts', 'the')} evaluation prompts, teacher-forced), heads trained on "
+            f"{log['device']} from {log['corpus_sequences']:,} target-written sequences ({log['corpus_tokens'] / 1e6:.2f} M tokens):\n\n"
+            + "\n".join(lines))
+
+
+def ngram_table() -> str:
+    ev = json.loads((MODELS / "ngram" / "training_log.json").read_text())["eval"]
+    labels = {"with_context": "prompt lookup, then the table", "table_only": "the table alone",
+              "context_only": "prompt lookup alone"}
+    lines = ["| level | answers at | right when it answers | right overall |", "|---|---|---|---|"]
+    lines += [f"| {labels.get(k, k)} | {v['coverage']:.1%} | {v['hit_rate']:.1%} | {v['agreement']:.1%} |"
+              for k, v in ev.items() if isinstance(v, dict) and "coverage" in v]
+    first = next(v for v in ev.values() if isinstance(v, dict))
+    return f"Held-out: {first['prompts']} evaluation prompts, {first['positions']:,} positions of the target's greedy continuations.\n\n" \
+           + "\n".join(lines)
+
+
+def leaderboard_table() -> str:
+    """One row per committed board: greedy draft-m's speedup, the fastest tier, and outputs equal to ar's."""
+    from . import leaderboard
+    files = leaderboard.committed_files(BENCH)
+    lines = ["| board | `greedy` (tau) | fastest, and every method tied with it | greedy outputs = `ar`'s |", "|---|---|---|---|"]
+    for path, records in zip(files, leaderboard.load(files)):
+        first = records[0]
+        sampled = any(float(r.get("temperature", 0.0)) > 0 for r in records if r["method"] != "ar")
+        parts = first["device_name"].split(" | ")
+        device = parts[0] + (f" ({parts[-1]})" if len(parts) > 1 and not parts[-1].startswith(("torch", "transformers")) else "")
+        label = (f"{device}, {first['dtype']}, "
+                 f"{'CUDA graphs' if first.get('cuda_graphs') else 'eager'}, {'sampled' if sampled else 'greedy'}")
+        methods = [m for m in dict.fromkeys(r["method"] for r in records) if m != "ar"]
+        est = {m: report.speedup(records, m) for m in methods}
+        top = report.rank(est)[0]
+        fastest = ", ".join(f"`{m}` {est[m].value:.2f}x" for m in top)
+        chain = "greedy" if "greedy" in est else "sampling"
+        ar = {r["id"]: r["new_token_ids"] for r in records if r["method"] == "ar"}
+        greedy_methods = [m for m in methods if all(float(r.get("temperature", 0.0)) == 0 for r in records if r["method"] == m)]
+        if sampled or not greedy_methods:
+            same = "- (sampled)"
+        else:
+            counts = [sum(r["new_token_ids"] == ar[r["id"]] for r in records if r["method"] == m) for m in greedy_methods]
+            n = len(ar)
+            same = f"{min(counts)}-{max(counts)} of {n}" if min(counts) != max(counts) else f"{counts[0]} of {n}, every method"
+        lines.append(f"| {label} | `{chain}` {est[chain]:.2fx} ({report.tau(records, chain).value:.2f}) | {fastest} | {same} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
+          "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
+          "engine-gpu": engine_gpu_table, "tree-attention": tree_attention_table,
+          "leaderboard": leaderboard_table}
+NOTE = "Speedups: against `ar` in the same run, with a 95% bootstrap interval over prompts; bold: the fastest, and every method tied with it (intervals overlap)."
+
+
+def render(name: str) -> str:
+    return BLOCKS[name]()
+
+
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.DOTALL)
+
+
+def rewrite(text: str) -> str:
+    """README text with every results block re-rendered from the JSON."""
+    def body(match):
+        name = match.group("name")
+        if name not in BLOCKS:
+            raise SystemExit(f"README.md has a results block {name!r}; known blocks: {', '.join(BLOCKS)}")
+        return match.group(1) + render(name) + "\n" + match.group(4)
+    return BLOCK.sub(body, text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.readme_tables", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite README.md's result blocks")
+    mode.add_argument("--check", action="store_true", help="exit 1 when README.md's blocks differ from the JSON")
+    args = parser.parse_args(argv)
+    if not (args.write or args.check):
+        for name in BLOCKS:
+            print(f"<!-- results:{name} -->\n{render(name)}\n<!-- /results:{name} -->\n")
+        return 0
+    text = README.read_text()
+    new = rewrite(text)
+    if args.check:
+        stale = [m.group("name") for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
+        if stale:
+            print(f"README.md's result blocks differ from the committed JSON: {', '.join(stale)} "
+                  f"(run python -m specdec_utils.readme_tables --write)", file=sys.stderr)
+            return 1
+        print(f"README.md's {len(BLOCK.findall(text))} result blocks match the committed JSON")
+        return 0
+    README.write_text(new)
+    print(f"rewrote {len(BLOCK.findall(new))} result blocks in README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

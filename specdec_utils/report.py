@@ -1,0 +1,357 @@
+"""Results rendered from measurements: the run stamp, estimates with their spread, and the words that
+compare them.
+
+A number a learner reads is printed by the code that measured it. Notebooks never type a measured value
+into markdown; they pass the values to these helpers, which render the sentence or table, and choose the
+comparison word ("faster", "a tie within the spread", "slower") from the numbers and their spread, so the
+words cannot contradict the figures (the habit of Jupyter Book's `glue` and R Markdown's inline code).
+
+    STAMP = report.stamp(DEVICE)                        # first output of every notebook
+    ratio = report.speedup(records, "greedy")           # paired bootstrap over prompts
+    report.say(f"Greedy speculative decoding is {report.verdict(ratio)}: {ratio:x}.")
+    report.show_table(rows, columns)                    # a markdown table from dicts
+    report.committed("data/bench/x.json")               # a committed run, device named
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .utils import REPO_ROOT, quick_mode
+
+# --------------------------------------------------------------------------- the stamp
+CPU_KINDS = ("AVX-512 BF16", "AVX2", "other")
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and the vector extensions that decide which dtype is fast.
+
+    kind: 'AVX-512 BF16' (native bfloat16 dot products: bf16 is fast), 'AVX2' (bf16 emulated: fp32 is the
+    sensible dtype), or 'other' (another architecture, e.g. Apple silicon)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    kind = "AVX-512 BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "other"
+    return {"model": model, "cores": os.cpu_count(), "flags": shown, "kind": kind}
+
+
+def git_commit() -> str:
+    """The short commit the notebook runs from, '+ local changes' when tracked files outside the
+    notebooks differ from it; 'unknown' outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    try:
+        head = git("rev-parse", "--short=10", "HEAD")
+        if head.returncode != 0:
+            return "unknown"
+        changed = [line for line in git("status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+                   if not line[3:].startswith("notebooks/") and line[3:].strip()]
+        return head.stdout.strip() + (" + local changes" if changed else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class Stamp:
+    """What a notebook's outputs were measured on; `device_name` is how figures name the device."""
+    date: str
+    commit: str
+    device: str
+    device_name: str
+    cpu: dict
+    gpu: str | None
+    versions: dict
+    mode: str
+    started: float = field(default_factory=time.perf_counter)
+
+    def lines(self) -> list[str]:
+        flags = ", ".join(self.cpu["flags"]) or "none of avx2/avx512"
+        out = [f"run stamp    {self.date}, commit {self.commit}",
+               f"CPU          {self.cpu['model']}, {self.cpu['cores']} cores; CPU kind: {self.cpu['kind']} ({flags})",
+               f"GPU          {self.gpu or 'none'}; this run computes on: {self.device}",
+               "versions     " + ", ".join(f"{k} {v}" for k, v in self.versions.items()),
+               f"mode         {self.mode}"]
+        return out
+
+    def elapsed_minutes(self) -> float:
+        return (time.perf_counter() - self.started) / 60
+
+
+_CURRENT: Stamp | None = None
+
+
+def stamp(device=None, *, show: bool = True) -> Stamp:
+    """Print (and return) the stamp every notebook opens with: date, commit, CPU model and kind, GPU,
+    library versions, quick or full mode. Also starts the clock that `finish()` reads."""
+    global _CURRENT
+    import torch
+    import transformers
+    from .utils import get_device
+    device = torch.device(device) if device is not None else get_device()
+    gpu = torch.cuda.get_device_name(device if device.type == "cuda" else 0) if torch.cuda.is_available() else None
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import triton
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    cpu = cpu_info()
+    if device.type == "cuda":
+        device_name = gpu
+    else:
+        device_name = f"{cpu['model']}, {cpu['cores']} cores, CPU kind {cpu['kind']}"
+    quick = quick_mode()
+    _CURRENT = Stamp(date=_dt.datetime.now().strftime("%Y-%m-%d %H:%M"), commit=git_commit(), device=str(device),
+                     device_name=device_name, cpu=cpu, gpu=gpu, versions=versions,
+                     mode="quick (SPECDEC_QUICK=1: shortened measurements)" if quick else "full")
+    if device.type == "cpu":
+        _CURRENT.versions["torch threads"] = torch.get_num_threads()
+    if show:
+        print("\n".join(_CURRENT.lines()))
+    return _CURRENT
+
+
+def rerun_everything() -> bool:
+    """The course's one switch for long sweeps: SPECDEC_RERUN=1 re-runs them in full on this machine. Without it
+    a notebook re-measures a small sample live and shows the committed full run beside it (device named)."""
+    return os.environ.get("SPECDEC_RERUN", "0").lower() not in ("", "0", "false", "no")
+
+
+def finish() -> None:
+    """The last cell of a notebook: how long this run took since its stamp."""
+    if _CURRENT is None:
+        raise RuntimeError("finish() needs stamp() to have run first (the notebook's first output)")
+    print(f"this notebook ran for {_CURRENT.elapsed_minutes():.1f} minutes ({_CURRENT.mode.split(' ')[0]} mode) "
+          f"on {_CURRENT.device_name}")
+
+
+# --------------------------------------------------------------------------- estimates with spread
+@dataclass(frozen=True)
+class Estimate:
+    """A measured value with the interval it is known to: `low`..`high`, from `how` (repeats or bootstrap)."""
+    value: float
+    low: float
+    high: float
+    how: str = ""
+
+    def __format__(self, spec: str) -> str:
+        """f"{e:.2f}" -> '1.43 (1.38-1.49)'; f"{e:.2fx}" -> '1.43x (1.38-1.49)'; f"{e:.1f%}" -> '43.0% (...)'."""
+        suffix, scale = "", 1.0
+        if spec.endswith("x"):
+            spec, suffix = spec[:-1], "x"
+        elif spec.endswith("%"):
+            spec, suffix, scale = spec[:-1], "%", 100.0
+        spec = spec or ".2f"
+        v, lo, hi = (format(t * scale, spec) for t in (self.value, self.low, self.high))
+        return f"{v}{suffix} ({lo}-{hi})"
+
+    def __str__(self) -> str:
+        return format(self, "")
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def from_repeats(values, how: str | None = None) -> Estimate:
+    """Median of repeated measurements, with their min and max as the spread."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("from_repeats needs at least one value")
+    return Estimate(statistics.median(values), min(values), max(values),
+                    how or f"median of {len(values)} repeats, min-max")
+
+
+def bootstrap(items: list, statistic, *, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> Estimate:
+    """Percentile bootstrap of `statistic(sample)` over `items` (prompts, generations): resample the items
+    with replacement `resamples` times; the interval holds the middle `level` of the statistic."""
+    if not items:
+        raise ValueError("bootstrap needs at least one item")
+    rng = random.Random(seed)
+    stats = sorted(statistic([rng.choice(items) for _ in items]) for _ in range(resamples))
+    cut = int(round((1 - level) / 2 * resamples))
+    return Estimate(statistic(items), stats[cut], stats[-cut - 1],
+                    f"{level:.0%} bootstrap interval over {len(items)} items")
+
+
+def _per_prompt(records: list[dict], method: str) -> dict:
+    chosen = {}
+    for r in records:
+        if r["method"] == method:
+            chosen.setdefault(r.get("id", len(chosen)), []).append(r)
+    if not chosen:
+        raise ValueError(f"no records of method {method!r}; methods present: "
+                         f"{', '.join(dict.fromkeys(r['method'] for r in records))}")
+    return chosen
+
+
+def speedup(records: list[dict], method: str, baseline: str = "ar", *, resamples: int = 2000) -> Estimate:
+    """Speedup of `method` over `baseline` measured in the same run (total tokens / total seconds of each),
+    with a paired bootstrap over prompts: a prompt drawn brings both methods' records."""
+    mine, base = _per_prompt(records, method), _per_prompt(records, baseline)
+    prompts = [p for p in mine if p in base]
+    if not prompts:
+        raise ValueError(f"{method!r} and {baseline!r} share no prompt: a speedup needs both on the same prompts")
+
+    def ratio(sample):
+        def rate(group):
+            rs = [r for p in sample for r in group[p]]
+            return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+        return rate(mine) / rate(base)
+    return bootstrap(prompts, ratio, resamples=resamples)
+
+
+def tau(records: list[dict], method: str, *, resamples: int = 2000) -> Estimate:
+    """New tokens per target forward pass (tau), bootstrapped over prompts."""
+    mine = _per_prompt(records, method)
+
+    def value(sample):
+        rs = [r for p in sample for r in mine[p]]
+        return sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
+    return bootstrap(list(mine), value, resamples=resamples)
+
+
+# --------------------------------------------------------------------------- words from numbers
+TIE = "a tie within the spread"
+
+
+def verdict(ratio: Estimate, higher: str = "faster", lower: str = "slower", *, at: float = 1.0) -> str:
+    """The word for a ratio against `at` (1.0: the baseline): `higher` when its whole interval lies above,
+    `lower` when below, otherwise a tie within the spread."""
+    if ratio.low > at:
+        return higher
+    if ratio.high < at:
+        return lower
+    return TIE
+
+
+def compare(a: Estimate, b: Estimate, higher: str = "higher", lower: str = "lower") -> str:
+    """`a` against `b`: `higher`/`lower` only when their intervals do not overlap, else a tie."""
+    if a.low > b.high:
+        return higher
+    if a.high < b.low:
+        return lower
+    return TIE
+
+
+def rank(estimates: dict, *, higher_is_better: bool = True) -> list[list[str]]:
+    """Group names into tiers: each tier holds the best remaining name and every name tied with it
+    (intervals overlapping). Differences inside the spread are ties, not ranks."""
+    order = sorted(estimates, key=lambda k: estimates[k].value, reverse=higher_is_better)
+    tiers = []
+    while order:
+        best = estimates[order[0]]
+        tier = [k for k in order if compare(estimates[k], best) == TIE]
+        tiers.append(tier)
+        order = [k for k in order if k not in tier]
+    return tiers
+
+
+def fmt(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}"
+
+
+# --------------------------------------------------------------------------- rendering
+def _in_notebook() -> bool:
+    return "ipykernel" in sys.modules
+
+
+def say(text: str) -> None:
+    """Show a sentence (markdown) rendered from measured values: as markdown in a notebook, as text elsewhere."""
+    if _in_notebook():
+        from IPython.display import Markdown, display
+        display(Markdown(text))
+    else:
+        print(text)
+
+
+def box(title: str, lines: list[str]) -> None:
+    """A "what we measured" box: a title and bullet lines, rendered from the values."""
+    say(f"> **{title}**\n>\n" + "\n".join(f"> - {line}" for line in lines))
+
+
+def table(rows: list[dict], columns: dict | list | None = None) -> str:
+    """A markdown table from dicts; `columns` maps a key to its header (or lists keys). Floats get 2 digits,
+    Estimates their interval."""
+    if not rows:
+        raise ValueError("table needs at least one row")
+    columns = columns or list(rows[0])
+    if not isinstance(columns, dict):
+        columns = {c: c for c in columns}
+
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return "-" if v is None else str(v)
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(k)) for k in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def show_table(rows: list[dict], columns: dict | list | None = None, caption: str | None = None) -> None:
+    say((f"{caption}\n\n" if caption else "") + table(rows, columns))
+
+
+# --------------------------------------------------------------------------- committed runs
+def committed(path, *, show: bool = True) -> list[dict]:
+    """Load a committed benchmark JSON (a list of bench records) and name where it was measured."""
+    path = Path(path)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    try:
+        records = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no committed results at {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}") from None
+    if show:
+        print(f"committed run {path.name}: {describe(records)}")
+    return records
+
+
+def describe(records) -> str:
+    """Device, dtype, versions and date of a run's records (as far as they say)."""
+    first = records[0] if isinstance(records, list) else records
+    parts = [first.get("device_name", first.get("device", "device not recorded")).split(" | ")[0]]
+    if "dtype" in first:
+        parts.append(first["dtype"])
+    if first.get("cuda_graphs"):
+        parts.append("CUDA graphs")
+    if "versions" in first:
+        parts.append(", ".join(f"{k} {v}" for k, v in first["versions"].items()))
+    if "date" in first:
+        parts.append(str(first["date"]))
+    return "; ".join(parts)
+
+
+def speedup_rows(records: list[dict], baseline: str = "ar", methods=None) -> list[dict]:
+    """One row per method: tokens/s, speedup over `baseline` with its bootstrap interval, the verdict word,
+    and tau: the table every benchmark in the course reports."""
+    methods = methods or list(dict.fromkeys(r["method"] for r in records))
+    rows = []
+    for method in methods:
+        rs = [r for r in records if r["method"] == method]
+        row = {"method": f"`{method}`", "tokens/s": sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)}
+        if method == baseline:
+            row.update({"speedup": "1 (baseline)", "verdict": "-"})
+        else:
+            s = speedup(records, method, baseline)
+            row.update({"speedup": f"{s:.2fx}", "verdict": verdict(s)})
+        if all("target_calls" in r for r in rs) and method != baseline:
+            row["tau"] = f"{tau(records, method):.2f}"
+        rows.append(row)
+    return rows

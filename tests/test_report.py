@@ -1,0 +1,97 @@
+"""report: estimates with spreads, the words chosen from them, the stamp, and README's rendered tables."""
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from specdec_utils import readme_tables, report
+
+
+def records(speed: dict, prompts=10, jitter=0.0, seed=0):
+    """Bench-like records: method -> tokens/s, each prompt 64 tokens, wall time jittered per prompt."""
+    rng = random.Random(seed)
+    out = []
+    for p in range(prompts):
+        slow = 1 + rng.uniform(-jitter, jitter)        # a prompt that is slow for one method is slow for all
+        for method, tps in speed.items():
+            out.append({"id": f"p{p}", "method": method, "new_tokens": 64, "wall_s": 64 / tps * slow,
+                        "target_calls": 64 if method == "ar" else 32})
+    return out
+
+
+def test_estimate_formats_value_and_interval():
+    e = report.Estimate(1.4321, 1.38, 1.49)
+    assert f"{e:.2f}" == "1.43 (1.38-1.49)"
+    assert f"{e:.2fx}" == "1.43x (1.38-1.49)"
+    assert f"{report.Estimate(0.25, 0.2, 0.3):.0f%}" == "25% (20-30)"
+
+
+def test_verdict_uses_the_whole_interval():
+    assert report.verdict(report.Estimate(1.2, 1.05, 1.3)) == "faster"
+    assert report.verdict(report.Estimate(0.9, 0.8, 0.95)) == "slower"
+    assert report.verdict(report.Estimate(1.2, 0.99, 1.4)) == report.TIE
+
+
+def test_compare_and_rank_make_ties_of_overlaps():
+    a, b, c = report.Estimate(1.5, 1.4, 1.6), report.Estimate(1.45, 1.35, 1.55), report.Estimate(1.1, 1.0, 1.2)
+    assert report.compare(a, b) == report.TIE and report.compare(a, c) == "higher" and report.compare(c, a) == "lower"
+    assert report.rank({"a": a, "b": b, "c": c}) == [["a", "b"], ["c"]]
+
+
+def test_paired_speedup_is_exact_without_noise_and_tight_with_shared_noise():
+    exact = report.speedup(records({"ar": 20.0, "greedy": 30.0}), "greedy")
+    assert exact.value == pytest.approx(1.5) and exact.low == pytest.approx(1.5) and exact.high == pytest.approx(1.5)
+    shared = report.speedup(records({"ar": 20.0, "greedy": 30.0}, jitter=0.3), "greedy")
+    assert shared.low == pytest.approx(1.5) and shared.high == pytest.approx(1.5)   # pairing cancels per-prompt noise
+    assert report.tau(records({"ar": 20.0, "greedy": 30.0}), "greedy").value == pytest.approx(2.0)
+
+
+def test_unpaired_noise_widens_the_interval_and_makes_a_tie():
+    rs = records({"ar": 20.0, "greedy": 21.0})
+    rng = random.Random(1)
+    for r in rs:
+        r["wall_s"] *= 1 + rng.uniform(-0.3, 0.3)
+    s = report.speedup(rs, "greedy")
+    assert s.low < 1.0 < s.high and report.verdict(s) == report.TIE
+
+
+def test_speedup_names_missing_methods():
+    with pytest.raises(ValueError, match="no records of method 'medusa'; methods present: ar, greedy"):
+        report.speedup(records({"ar": 20.0, "greedy": 30.0}), "medusa")
+
+
+def test_from_repeats_is_median_and_range():
+    e = report.from_repeats([3.0, 1.0, 2.0])
+    assert (e.value, e.low, e.high) == (2.0, 1.0, 3.0)
+
+
+def test_stamp_names_cpu_kind_versions_and_mode(capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_QUICK", "1")
+    stamp = report.stamp("cpu")
+    out = capsys.readouterr().out
+    assert out.startswith("run stamp") and "CPU kind: " + stamp.cpu["kind"] in out
+    assert stamp.cpu["kind"] in report.CPU_KINDS and "torch" in out and "transformers" in out
+    assert "mode         quick" in out
+    report.finish()
+    assert "minutes (quick mode)" in capsys.readouterr().out
+
+
+def test_readme_blocks_match_the_committed_json():
+    result = subprocess.run([sys.executable, "-m", "specdec_utils.readme_tables", "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_check_catches_a_hand_edited_number():
+    text = readme_tables.README.read_text()
+    block = readme_tables.BLOCK.search(text)
+    assert block, "README.md has no results block"
+    edited = text.replace(block.group("body"), block.group("body").replace("x (", "x [", 1).replace("1", "7", 1), 1)
+    assert readme_tables.rewrite(edited) == readme_tables.rewrite(text) != edited
+
+
+def test_every_readme_block_is_rendered_and_known():
+    text = readme_tables.README.read_text()
+    names = [m.group("name") for m in readme_tables.BLOCK.finditer(text)]
+    assert sorted(names) == sorted(readme_tables.BLOCKS)
