@@ -300,12 +300,14 @@ class Variant:
 def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
                   gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
                   params: dict[str, dict] | None = None, draft_small=None,
-                  drafts: dict | None = None, heads=None) -> list[dict]:
+                  drafts: dict | None = None, heads=None, warmup: bool = True) -> list[dict]:
     """One record per (prompt, method). `methods` holds method names (run with `gamma` and
     `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
     the same state. Each method first runs once, untimed, on the first prompt with the full token
     budget: on a GPU, short warm-ups leave kernel and allocator set-up for longer sequences inside
-    the first timed prompt. `oracle` gets the target's greedy output of each prompt, computed untimed.
+    the first timed prompt (`warmup=False` skips it, for models already run at these shapes, e.g. a
+    small CPU sample after a timing of the same models). `oracle` gets the target's greedy output of
+    each prompt, computed untimed.
     A `Variant` naming its own `draft` / `draft_small` / `heads` runs with `drafts[name]`, so methods
     with different drafts share one run, prompt by prompt. `heads`: the Medusa heads of `medusa`."""
     params = params or {}
@@ -335,7 +337,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                         gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small,
                         heads=variant_heads, **settings)
 
-    for variant in variants:
+    for variant in variants if warmup else []:
         with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
             run(variant, encoded[0], references[0])
     device_name = device_summary(device)

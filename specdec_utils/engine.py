@@ -42,7 +42,7 @@ from .static_cache import new_cache
 # --------------------------------------------------------------------------- results
 @dataclass
 class RoundStats:
-    """What one round did (seed 004's `IterationStats`). `gamma` is the policy's choice for the
+    """What one round did. `gamma` is the policy's choice for the
     round, `drafted` the tokens actually proposed, `accepted` how many the verifier accepted (an EOS
     among them ends the output, so `new_tokens` may be fewer than `accepted` + 1); `stop` says
     why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token budget left no

@@ -7,7 +7,9 @@
 Results are the bench CLI's JSON (`python -m specdec_utils.bench`), one file per setting, named
 `data/bench/leaderboard_<device>_<dtype>[_graphed][_sampled].json`; every record carries the device,
 dtype, library versions and date. Per setting the table gives tokens/s, the speedup over `ar` measured in
-the same run, tau (new tokens per target pass), waste (rejected draft tokens per output token), how
+the same run with its 95% bootstrap interval over prompts and the verdict word against `ar` ("faster",
+"slower" or "a tie within the spread", chosen from the interval, never typed), tau (new tokens per target
+pass), waste (rejected draft tokens per output token), how
 many prompts' greedy output equals `ar`'s (bf16 flips near-ties; float32 must match), and the speedup per
 prompt category. Bad input: one line on stderr, status 2.
 """
@@ -18,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import report
 from .utils import REPO_ROOT
 
 BENCH_DIR = REPO_ROOT / "data" / "bench"
@@ -71,7 +74,10 @@ def setting(records: list[dict]) -> str:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """One row per method, in the run's order: totals over prompts, speedups against `ar` of the same run."""
+    """One row per method, in the run's order: totals over prompts, speedups against `ar` of the same run.
+    `speedup` is the point value (total tokens / total seconds, over `ar`'s); `speedup_ci` the same ratio as a
+    `report.Estimate` with its paired bootstrap interval over prompts (`report.speedup`), and `verdict` the
+    word it earns against `ar` (`report.verdict`): '-' for `ar` itself."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     categories = list(dict.fromkeys(r["category"] for r in records))
 
@@ -87,8 +93,11 @@ def summarize(records: list[dict]) -> list[dict]:
         tokens = sum(r["new_tokens"] for r in chosen)
         drafted = [r.get("drafted", -1) for r in chosen]
         greedy = all(r.get("temperature", 0.0) == 0 for r in chosen)
+        point = tok_per_s(method) / tok_per_s("ar")
+        interval = report.speedup(records, method) if method != "ar" else report.Estimate(1.0, 1.0, 1.0, "baseline")
         rows.append({
-            "method": method, "tok_per_s": tok_per_s(method), "speedup": tok_per_s(method) / tok_per_s("ar"),
+            "method": method, "tok_per_s": tok_per_s(method), "speedup": point,
+            "speedup_ci": interval, "verdict": report.verdict(interval) if method != "ar" else "-",
             "tau": tokens / sum(r["target_calls"] for r in chosen),
             "waste": (sum(d - r["accepted"] for d, r in zip(drafted, chosen)) / tokens) if min(drafted) >= 0 else None,
             "same_as_ar": (sum(r["new_token_ids"] == ar_tokens.get(r["id"]) for r in chosen), len(chosen))
@@ -105,14 +114,20 @@ def markdown(runs: list[list[dict]]) -> str:
         rows = summarize(records)
         categories = list(rows[0]["by_category"])
         prompts = len({r["id"] for r in records})
+        counts = sorted({len({r["id"] for r in records if r["category"] == c}) for c in categories})
+        per_category = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         parts.append(f"### {setting(records)}\n\n{prompts} held-out prompts, up to {max(r['new_tokens'] for r in records)} new tokens each; "
-                     f"speedups against `ar` in the same run\n")
-        head = ["method", "tokens/s", "speedup", "tau", "waste", "= ar's tokens", *categories]
+                     f"speedups against `ar` in the same run, with a 95% bootstrap interval over the prompts; "
+                     f"a per-category column rests on {per_category} prompt(s)\n")
+        head = ["method", "tokens/s", "speedup (95% interval)", "vs ar", "tau", "waste", "= ar's tokens", *categories]
         parts.append("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for row in sorted(rows, key=lambda r: -r["speedup"]):
             same = f"{row['same_as_ar'][0]}/{row['same_as_ar'][1]}" if row["same_as_ar"] else "-"
             waste = f"{row['waste']:.2f}" if row["waste"] is not None else "-"
-            cells = [f"`{row['method']}`", f"{row['tok_per_s']:.1f}", f"**{row['speedup']:.2f}x**", f"{row['tau']:.2f}",
+            ci = row["speedup_ci"]
+            speedup = f"**{row['speedup']:.2f}x** (baseline)" if row["method"] == "ar" else \
+                f"**{row['speedup']:.2f}x** ({ci.low:.2f}-{ci.high:.2f})"
+            cells = [f"`{row['method']}`", f"{row['tok_per_s']:.1f}", speedup, row["verdict"], f"{row['tau']:.2f}",
                      waste, same, *(f"{row['by_category'][c]:.2f}x" for c in categories)]
             parts.append("| " + " | ".join(cells) + " |")
         parts.append("")
@@ -120,17 +135,21 @@ def markdown(runs: list[list[dict]]) -> str:
 
 
 def plot(runs: list[list[dict]], path: Path | None = None):
-    """Speedup over `ar` per method, one panel per run; saved to `path` when given. Returns the figure."""
+    """Speedup over `ar` per method with its bootstrap interval, one panel per run; saved to `path` when given.
+    Returns the figure."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.6 * len(runs)), squeeze=False, layout="constrained")
     for ax, records in zip(axes[:, 0], runs):
         rows = sorted(summarize(records), key=lambda r: -r["speedup"])
         colors = ["tab:grey" if r["method"] == "ar" else "tab:orange" if r["method"].startswith("hf-") else "tab:blue"
                   for r in rows]
-        bars = ax.bar([r["method"] for r in rows], [r["speedup"] for r in rows], color=colors)
-        ax.bar_label(bars, fmt="%.2f", fontsize=6)
+        low = [max(0.0, r["speedup"] - r["speedup_ci"].low) for r in rows]
+        high = [max(0.0, r["speedup_ci"].high - r["speedup"]) for r in rows]
+        bars = ax.bar([r["method"] for r in rows], [r["speedup"] for r in rows], color=colors,
+                      yerr=[low, high], capsize=2, error_kw={"lw": 0.8})
+        ax.bar_label(bars, fmt="%.2f", fontsize=6, label_type="center", color="white")  # error bars sit on top
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_ylabel("speedup over ar")
+        ax.set_ylabel("speedup over ar\n(95% interval)")
         ax.set_title(setting(records), fontsize=8)
         ax.tick_params(axis="x", labelrotation=40, labelsize=7)
     if path is not None:

@@ -7,7 +7,7 @@ about to write. Each head is
 
     logits_k(h) = lm_head( x + SiLU(W_k x + b_k) ),   x = RMSNorm_target(h)
 
-with a frozen copy of the target's final RMSNorm first (seed 004's missing-norm bug: without it the
+with a frozen copy of the target's final RMSNorm first (the missing-norm bug of notebook 06: without it the
 head sees the un-normalised residual stream, whose scale is far from what lm_head expects), a
 residual block whose linear layer starts at zero (so at step 0 every head *is* the target's own
 next-token predictor), and the target's lm_head, shared and frozen. Only the K residual blocks
@@ -62,7 +62,7 @@ def capture_hidden(target):
 
 
 class MedusaHeads(nn.Module):
-    """K Medusa heads for `target`. `use_norm=False` builds seed 004's bug (no norm before the
+    """K Medusa heads for `target`. `use_norm=False` builds notebook 06's first bug (no norm before the
     residual block). The lm_head weight is the target's (not a parameter of the heads, not saved)."""
 
     def __init__(self, target, num_heads: int = 4, use_norm: bool = True, vocab_ids: torch.Tensor | None = None):

@@ -77,7 +77,7 @@ class HeuristicGamma(DraftingPolicy):
 
 
 class DualSignalGamma(DraftingPolicy):
-    """Seed 000's dual signal: the last round's acceptance (accepted / drafted) above `high` -> +1,
+    """The dual signal: the last round's acceptance (accepted / drafted) above `high` -> +1,
     below `low` -> -1; in between, a confident draft (mean entropy of the round's drafted tokens
     below `entropy_threshold` nats) with acceptance >= 0.5 -> +1. gamma stays in [min_gamma, max_gamma]."""
     name = "adaptive-dual"

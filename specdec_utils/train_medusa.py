@@ -2,7 +2,7 @@
 
 Head k at every position t of every sequence learns the target's own distribution at t + k (forward
 KL), read from the same target forward that supplies the hidden states: no labels, no other model.
-Recipe (seed 004's): AdamW, peak lr 3e-4 after 500 linear warm-up steps, cosine to 1e-5, gradient
+Recipe: AdamW, peak lr 3e-4 after 500 linear warm-up steps, cosine to 1e-5, gradient
 clip 1.0, bf16 autocast on CUDA.
 
     python -m specdec_utils.train_medusa --device cuda                 # the shipped heads (H100)
@@ -31,7 +31,7 @@ from .utils import progress, seed_everything
 def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
           cosine_steps: int | None = None) -> float:
     """Linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over the remaining
-    `cosine_steps` (default: the rest of training), then `eta_min`. Seed 004's schedule bug is
+    `cosine_steps` (default: the rest of training), then `eta_min`. Notebook 06's schedule bug is
     `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
     if step < warmup:
         return peak * (step + 1) / warmup

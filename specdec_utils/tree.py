@@ -260,7 +260,7 @@ PRUNING = ("none", "confidence", "path", "entropy")
 
 def prune_keep(prob: torch.Tensor, parents: torch.Tensor, entropy_frac: torch.Tensor, rule: str,
                threshold: float) -> torch.Tensor:
-    """Seed 004's per-round pruning: which nodes survive (bool [T]). `prob[i]`: the proposer's
+    """Per-round pruning (three rules): which nodes survive (bool [T]). `prob[i]`: the proposer's
     probability of node i's token; `entropy_frac[i]`: the entropy of the distribution it came from
     over log(V). A node fails when
     - confidence: prob < threshold;

@@ -27,7 +27,7 @@ from .policies import DraftingPolicy, _count, _number, require
 
 class TreePolicy(DraftingPolicy):
     """What a tree method's round looks like: `gamma` = the tree's depth (capped by the budget),
-    `tree_nodes` its size at most, `prune` one of seed 004's rules (`tree.prune_keep`) at
+    `tree_nodes` its size at most, `prune` one of the three pruning rules (`tree.prune_keep`) at
     `threshold`. `acceptance="typical"` (Medusa's typical acceptance, Cai et al. 2024, Sec. 2.3.1) is
     the *lossy* alternative to exact verification when sampling, kept for comparison only."""
     name = "tree"

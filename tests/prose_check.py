@@ -32,8 +32,12 @@ CONSTANTS = {
     "0.5": "a probability used as an illustration (one half)",
     # notebook 00
     # notebook 01
+    "0.125": "bfloat16's spacing between neighbouring values at a logit of 16 (2^4 x 2^-7, an 8-bit mantissa)",
     # notebook 02
+    "40,960": "notebook 02: the target tokens outside the drafts' vocabulary, 49,152 - 8,192",
+    "95%": "notebook 02: the level of the bootstrap intervals (report.bootstrap's default)",
     # notebook 03
+    # (its "0.8" and "0.3", the dual-signal rule's acceptance thresholds, are listed under notebook 05)
     # notebook 04
     # notebook 05
     "0.3": "notebook 05: the cost c2 of the illustrative 7B-like middle on the right-hand map (a chosen parameter)",

@@ -159,7 +159,7 @@ class UsesSmallRows(HierarchicalProposer):
 
 
 class DropsTheCorrection(HierarchicalProposer):
-    """Planted bug (seed 003's sketch): after M2 rejects, commit M1's accepted tokens without M2's
+    """Planted bug: after M2 rejects, commit M1's accepted tokens without M2's
     correction. The survivors are then conditioned on a rejection that came after them."""
 
     def pre_verify(self, small_tokens, small_rows, logits, sampler, generator):

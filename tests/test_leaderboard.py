@@ -32,9 +32,26 @@ def test_summary_numbers(run):
     assert rows["greedy"]["tau"] == 20 / 9 and rows["greedy"]["waste"] == (12 - 6 + 16 - 5) / 20
     assert rows["greedy"]["same_as_ar"] == (1, 2)  # p2's greedy output departs from ar's: a flip, reported
     assert rows["greedy"]["by_category"] == {"code": 2.0, "chat": 2.0}
+    # both prompts are 2x faster: every bootstrap resample gives 2x, so the interval is a point and the word "faster"
+    assert (rows["greedy"]["speedup_ci"].low, rows["greedy"]["speedup_ci"].high) == (2.0, 2.0)
+    assert rows["greedy"]["verdict"] == "faster" and rows["ar"]["verdict"] == "-"
     text = lb.markdown([run])
-    assert "| `greedy` | 13.3 | **2.00x** | 2.22 | 0.85 | 1/2 | 2.00x | 2.00x |" in text
+    assert "| `greedy` | 13.3 | **2.00x** (2.00-2.00) | faster | 2.22 | 0.85 | 1/2 | 2.00x | 2.00x |" in text
+    assert "| `ar` | 6.7 | **1.00x** (baseline) | - | 1.00 |" in text
     assert "some CPU, bfloat16, eager, greedy (torch 2.13; 2026-11-23)" in text
+
+
+def test_speedup_intervals_and_verdicts(run):
+    """The verdict word follows the interval: a method faster on one prompt and slower on another is a tie."""
+    run += [record("mixed", "p1", "code", 10, 0.5, 5), record("mixed", "p2", "chat", 10, 4.0, 5),
+            record("slow", "p1", "code", 10, 2.0, 10), record("slow", "p2", "chat", 10, 4.0, 10)]
+    rows = {r["method"]: r for r in lb.summarize(run)}
+    mixed, slow = rows["mixed"]["speedup_ci"], rows["slow"]["speedup_ci"]
+    assert mixed.low < 1 < mixed.high and rows["mixed"]["verdict"] == "a tie within the spread"
+    assert slow.high < 1 and rows["slow"]["verdict"] == "slower"
+    assert mixed.value == pytest.approx(rows["mixed"]["speedup"])
+    text = lb.markdown([run])
+    assert f"| `slow` | 3.3 | **0.50x** ({slow.low:.2f}-{slow.high:.2f}) | slower |" in text
 
 
 def test_sampled_runs_do_not_compare_tokens(run):

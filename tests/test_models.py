@@ -21,7 +21,7 @@ def target():
 
 
 def test_target_shape_and_paris(target):
-    """The issue's acceptance check: the embedded target names Paris, greedily, offline."""
+    """The acceptance check: the embedded target names Paris, greedily, offline."""
     model, tokenizer = target
     config = model.config
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)

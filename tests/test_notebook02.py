@@ -100,7 +100,8 @@ TARGET_PROBS = torch.tensor([[0.35, 0.10, 0.10, 0.25, 0.05, 0.15],
 
 
 def test_teaching_code_follows_the_target_distribution(notebook):
-    """Leviathan et al. 2023, Theorem 3.5: the first token follows p_1, the second p_2, although the
+    """Leviathan et al. 2023, Appendix A.1 (Chen et al. 2023, Theorem 1), with the induction over positions:
+    the first token follows p_1, the second p_2, although the
     draft is far from both (the targets here do not depend on the prefix)."""
     first, second = first_two_tokens(notebook["verify_draft"], DRAFT_PROBS, TARGET_PROBS)
     assert total_variation(first, TARGET_PROBS[0]) < MAX_TV

@@ -2,11 +2,12 @@
 notebook: through the engine they must stop at the same tokens and give the same outputs as the
 package's policies (`specdec_utils.policies`), greedy and sampled."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from specdec_utils import generate
+from specdec_utils import generate, policies
 from specdec_utils.policies import DraftingPolicy, min_cost_threshold
 from specdec_utils.stop_head import StopHead
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
@@ -31,7 +32,7 @@ def models():
 
 
 CASES = [  # notebook class and its arguments, the package method and its parameters
-    ("EntropyStop", {"tau0": 0.0, "max_gamma": 6}, "entropy-stop", {"tau0": 0.0, "max_gamma": 6}),
+    ("EntropyStop", {"theta0": 0.0, "max_gamma": 6}, "entropy-stop", {"tau0": 0.0, "max_gamma": 6}),  # θ is `tau` there
     ("ConfidenceStop", {"threshold": 0.4, "max_gamma": 6}, "confidence-stop", {"threshold": 0.4, "max_gamma": 6}),
     ("AdaEDL", {"lam0": 0.5, "max_gamma": 6}, "adaedl", {"lam0": 0.5, "max_gamma": 6}),
     ("LearnedStop", {"threshold": 0.5, "max_gamma": 6}, "learned-stop", {"threshold": 0.5, "max_gamma": 6}),
@@ -58,3 +59,24 @@ def test_notebook_rules_equal_the_package(notebook, models, name, ours_kwargs, m
                 assert ours.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
             stops |= {r.stop for r in ours.rounds}
     assert notebook[name].reason in stops  # the rule really stopped rounds
+
+
+@pytest.mark.parametrize("entropy", [0.0, 0.05, 0.8, 1.2, 2.45, 3.0, 3.2, 7.5])
+def test_notebook_stop_tests_equal_the_package(notebook, entropy):
+    """Each rule's one-line stop test in the notebook decides as the package's policy does, on a grid of
+    entropies, token probabilities, positions, thresholds and survival probabilities."""
+    head = StopHead(8)
+    for position in (0, 1, 3):
+        step = SimpleNamespace(entropy=entropy, token_prob=math.exp(-entropy), position=position)
+        for theta in (0.0, 1.0, 2.45, 3.0, 5.0):
+            assert notebook["entropy_stop"](step.entropy, theta) == policies.EntropyStop(tau=theta).stop_after(step)
+        for h in (0.0, 0.05, 0.4, 0.9, 1.0):
+            assert notebook["confidence_stop"](step.token_prob, h) == \
+                policies.ConfidenceStop(threshold=h, refit=False).stop_after(step)
+        for lam in (0.0, 0.3, 0.5, 1.0):
+            assert notebook["adaedl_stop"](step.position, step.entropy, lam) == \
+                policies.AdaEDL(lam0=lam, adapt=False).stop_before(step)
+    for survival in (0.0, 0.15, 0.3, 0.5, 0.99, 1.0):
+        for h in (0.0, 0.3, 0.5, 0.7, 0.85, 1.0):
+            assert notebook["learned_stop"](survival, h) == \
+                policies.LearnedStop(threshold=h, head=head).stops(survival, None)

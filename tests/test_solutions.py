@@ -8,6 +8,7 @@ import torch
 from specdec_utils import generate
 from specdec_utils.engine import RoundStats
 from specdec_utils.theory import expected_tokens_per_round
+from specdec_utils.speculative import autoregressive_generate, forward_uncached
 from conftest import noisy_copy, random_model, random_prompt
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
@@ -248,3 +249,283 @@ def test_ch09_bootstrap_and_loop_overhead():
     with pytest.raises(ValueError, match="no prompt of category 'chat'"):
         ch09.bootstrap_speedup(records, "greedy", "chat")
     assert abs(ch09.loop_overhead_ms(records, "greedy", "hf-assisted") - (0.9 / 4 - 0.75 / 8) * 1e3) < 1e-9
+
+
+def test_ch04_answers_in_words_and_matching_cost(ch04):
+    assert sorted(ch04.ANSWERS) == [1, 2, 3, 4] and all(len(a.split()) > 30 for a in ch04.ANSWERS.values())
+    flat = {k: 10.0 + 0.1 * (k - 1) for k in range(1, 12)}     # verification nearly free
+    steep = {k: 10.0 + 4.0 * (k - 1) for k in range(1, 12)}    # every verified position costs
+    assert ch04.matching_cost(1.0, flat) > 3 > ch04.matching_cost(1.0, steep)
+    assert ch04.matching_cost(1.0, flat) == pytest.approx(10.0 / 1.1)
+
+
+# --------------------------------------------------------------------------- notebooks 00 and 01
+def test_ch00_answers_in_words():
+    ch00 = load("ch00")
+    assert sorted(ch00.ANSWERS) == [1, 2, 3, 4, 5, 6]
+    assert all("Answer:" in a and len(a.split("Answer:")[1].split()) > 30 for a in ch00.ANSWERS.values())
+
+
+def test_ch00_best_gamma_with_measured_verification_cost():
+    ch00 = load("ch00")
+    new_tokens = (1, 2, 4, 8, 16)
+    flat, steep = [10.0] * 5, [10.0, 15.0, 25.0, 45.0, 85.0]   # free verification / every token costs half a step
+    assert ch00.verify_cost_ratio(new_tokens, steep, 3) == pytest.approx(2.0)
+    assert ch00.best_gamma_measured(0.7, 0.05, new_tokens, flat) == ch00.textbook_gamma(0.7, 0.05)
+    assert ch00.best_gamma_measured(0.7, 0.05, new_tokens, steep) < ch00.textbook_gamma(0.7, 0.05)
+    assert ch00.speedup_with_measured_verify(0.7, 4, 0.05, 1.0) == pytest.approx(
+        (1 - 0.7 ** 5) / (0.3 * 1.2))
+
+
+def test_ch00_measurements_run_on_a_tiny_model():
+    ch00 = load("ch00")
+    model = random_model("tiny-llama", seed=0)
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    assert ch00.kv_cache_bytes(config, 512, 4) == 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 512 * 4
+    assert ch00.forward_ms_at(model, 16, 2, repeats=2) > 0
+    rates = ch00.matmul_rates(64, 128, rows=(1, 16), repeats=2)
+    assert set(rates) == {1, 16} and all(r > 0 for r in rates.values())
+    threads = torch.get_num_threads()
+    slowdown = ch00.thread_slowdown(model, (1, 4), prompt_len=8, repeats=2)
+    assert set(slowdown) == {1, 4} and torch.get_num_threads() == threads
+
+    @torch.no_grad()
+    def greedy_decode(model, input_ids, steps):
+        return autoregressive_generate(model, input_ids, steps).new_token_ids
+    result = ch00.generate_vs_loop(model, random_prompt(5, 0), 6, greedy_decode)
+    assert result["same_tokens"] and result["loop_ms"] > 0 and result["generate_ms"] > 0
+
+
+def test_ch01_answers_in_words():
+    ch01 = load("ch01")
+    assert sorted(ch01.ANSWERS) == [1, 2, 3, 4, 5, 6]
+    assert all("Answer:" in a and len(a.split("Answer:")[1].split()) > 30 for a in ch01.ANSWERS.values())
+
+
+def test_ch01_best_draft_weighs_alpha_against_cost():
+    ch01 = load("ch01")
+    t_verify = {k: 10.0 + 0.5 * (k - 1) for k in range(1, 10)}
+    result = ch01.best_draft({"cheap": (0.55, 0.4), "good": (0.6, 2.0)}, 10.0, t_verify)
+    assert result["winner"] == "cheap" and result["cheap"][0] >= result["good"][0]
+    assert ch01.best_draft({"same-cost-better": (0.8, 1.0), "worse": (0.5, 1.0)}, 10.0, t_verify)["winner"] == "same-cost-better"
+
+
+def test_ch01_counts_passes_and_two_token_first_draft_pass():
+    from conftest import teaching_namespace
+    from specdec_utils.kv_cache import cache_length, trim_cache
+    ch01 = load("ch01")
+    notebook = teaching_namespace("01_greedy_speculative_decoding.ipynb",
+                                  {"torch": torch, "forward_uncached": forward_uncached, "trim_cache": trim_cache,
+                                   "cache_length": cache_length}, min_cells=2)
+    target = random_model("tiny-llama", seed=0)
+    input_ids = random_prompt(6, 1)
+    for draft, fully_accepted in ((noisy_copy(target, noise=0.0, seed=0), True), (random_model("tiny-llama", seed=2), False)):
+        counted = ch01.count_passes(notebook["greedy_speculative_generate"], target, draft, input_ids, 20, 4)
+        assert counted["target_passes"] == len(counted["rounds"])
+        assert counted["draft_passes"] == sum(k for k, _ in counted["rounds"])
+        assert counted["first_pass_tokens"][0] == 6  # the prefill
+        after = [(prev_a == prev_k, n) for (prev_k, prev_a), n in zip(counted["rounds"], counted["first_pass_tokens"][1:])
+                 if n]
+        assert all(n == (2 if full else 1) for full, n in after)
+        assert any(full for full, _ in after) == fully_accepted
+
+
+def test_ch01_self_draft_and_prompt_lookup():
+    ch01 = load("ch01")
+    target = random_model("tiny-llama", seed=0)
+    result = ch01.self_draft(target, random_prompt(5, 0), 15, 4)
+    assert result["tau"] == 5 and result["same_as_plain"]
+    assert ch01.self_draft_slowdown(4, 1.0) == 1.0 and ch01.self_draft_slowdown(4, 1.5) > 1
+    assert ch01.prompt_lookup_propose([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert ch01.prompt_lookup_propose([1, 2, 3], 3) == []
+    repeated = torch.tensor([list(range(10, 30)) * 2 + list(range(10, 14))])
+    new_ids, rounds = ch01.prompt_lookup_generate(target, repeated, 24, gamma=4)
+    assert new_ids == autoregressive_generate(target, repeated, 24).new_token_ids
+    assert all(0 <= a <= k <= 4 for k, a in rounds)
+
+
+def test_ch01_bf16_flips_agree_in_float32():
+    ch01 = load("ch01")
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.01, seed=1)
+    assert ch01.bf16_flips(target, draft, [random_prompt(5, 0), random_prompt(7, 1)], 4, 12) == [None, None]
+
+
+def test_ch06_answers_in_words_and_the_committed_head_fall(ch06):
+    assert set(ch06.ANSWERS) == {1, 2, 3} and all(len(text) > 200 for text in ch06.ANSWERS.values())
+    assert "1.91" in ch06.ANSWERS[1] and "0.8" in ch06.ANSWERS[2]
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])
+    (_, _), (drawn_accept, _) = ch06.compare_one_hot_and_drawn(p, q)
+    assert f"{drawn_accept:.2f}" in ch06.ANSWERS[2]
+    top1 = ch06.committed_head_fall()
+    assert len(top1) == 4 and top1[0] > top1[2] > 0
+
+
+# --------------------------------------------------------------------------- notebook 02
+@pytest.fixture(scope="module")
+def ch02():
+    return load("ch02")
+
+
+def test_ch02_planted_bug_is_biased_toward_the_draft_and_caught(ch02):
+    p, q = ch02.P_TOY, ch02.Q_TOY
+    emitted = ch02.planted_bug_emission(p, q)
+    torch.testing.assert_close(emitted.sum(), torch.tensor(1.0, dtype=torch.float64))
+    over_proposed = q >= p
+    assert (emitted[over_proposed] > p[over_proposed]).all()           # toward the draft
+    level = ch02.planted_bug_level(p, q)
+    assert level > 0.1
+    n = 20_000                                                          # the sampled bug sits at the exact level
+    tokens = ch02.first_tokens(p, q, n, torch.Generator().manual_seed(0), after_rejection="p")
+    assert abs(ch02.tv(torch.bincount(tokens, minlength=len(p)).double() / n, p) - level) < 0.02
+    correct = ch02.first_tokens(p, q, n, torch.Generator().manual_seed(1))
+    assert ch02.tv(torch.bincount(correct, minlength=len(p)).double() / n, p) < 0.02
+    p_values = ch02.chi_square_catches_the_bug(p, q, n=5_000)
+    assert p_values["correct"] > 1e-3 and p_values["planted bug"] < 1e-10
+    markov = torch.Generator().manual_seed(0)
+    P = (1.5 * torch.randn(8, 8, generator=markov)).softmax(-1)
+    Q = (P.log() + torch.randn(8, 8, generator=markov)).softmax(-1)
+    assert ch02.planted_bug_pair_level(P, P, 0) < 1e-6 < 0.01 < ch02.planted_bug_pair_level(P, Q, 0)
+    assert 0.1 < ch02.planted_bug_pair_level(*ch02.toy_markov(), start=0) < 0.3  # section 3's flat red curve
+
+
+def test_ch02_match_a_target_sample_is_exact_and_keeps_less(ch02):
+    draft_probs = torch.tensor([[0.05, 0.40, 0.30, 0.05, 0.10, 0.10], [0.30, 0.05, 0.05, 0.40, 0.10, 0.10]])
+    target_probs = torch.tensor([[0.35, 0.10, 0.10, 0.25, 0.05, 0.15], [0.05, 0.40, 0.30, 0.05, 0.10, 0.10],
+                                 [1 / 6] * 6])
+    generator = torch.Generator().manual_seed(0)
+    outs = []
+    for _ in range(3_000):
+        drafts = torch.tensor([int(torch.multinomial(row, 1, generator=generator)) for row in draft_probs])
+        outs.append(ch02.match_target_sample(draft_probs, target_probs, drafts, generator))
+    first = torch.bincount(torch.stack([o[0] for o in outs]), minlength=6) / len(outs)
+    assert ch02.tv(first, target_probs[0]) < 0.04
+    kept_first = sum(len(o) > 1 for o in outs) / len(outs)
+    fractions = ch02.kept_fractions(target_probs[0], draft_probs[0])
+    assert abs(kept_first - fractions["match a target sample"]) < 0.03
+    assert fractions["match a target sample"] < fractions["rejection sampling"]
+
+
+def test_ch02_alpha_speedup_and_vocabulary_cap(ch02):
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.05, seed=1)
+    text = random_prompt(12, 0)
+    assert abs(ch02.mean_alpha(target, target, text, temperature=0.7) - 1) < 1e-6
+    alpha = ch02.mean_alpha(target, draft, text, temperature=1.0)
+    assert 0 < alpha < 1
+    assert ch02.predicted_speedup(alpha, 4, 0.0) > ch02.predicted_speedup(alpha, 4, 0.2) > 0
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    assert torch.allclose(ch02.vocabulary_cap(p, torch.full((2, 3), 1 / 3)), torch.ones(2))
+    torch.testing.assert_close(ch02.vocabulary_cap(p, torch.tensor([[0.5, 0.5, 0.0]] * 2)), torch.tensor([0.8, 0.2]))
+    cost = ch02.vocabulary_cost(target, draft, text)
+    assert cost["mean alpha"] <= cost["mean cap"] + 1e-6 and abs(cost["largest cost"] - (1 - cost["mean cap"])) < 1e-9
+
+
+def test_ch02_lenient_rule_trades_exactness_for_kept_drafts(ch02):
+    p, q = ch02.P_TOY, ch02.Q_TOY
+    kept, distance = ch02.lenient_rule(p, q, 1.0)
+    assert abs(kept - torch.minimum(p, q).sum().item()) < 1e-12 and distance < 1e-12
+    results = [ch02.lenient_rule(p, q, lam) for lam in (1.0, 0.9, 0.75, 0.5)]
+    assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(results, results[1:]))
+    assert abs(results[-1][0] - 1) < 1e-12 and abs(results[-1][1] - ch02.tv(p, q)) < 1e-12
+    tokens, kept_sampled = ch02.lenient_first_tokens(p, q, 0.75, 20_000, torch.Generator().manual_seed(0))
+    assert abs(kept_sampled - results[2][0]) < 0.02
+    assert abs(ch02.tv(torch.bincount(tokens, minlength=len(p)).double() / 20_000, p) - results[2][1]) < 0.02
+
+
+def test_ch02_simulation_along_alpha(ch02):
+    long = [torch.full((3_000,), 0.6)]
+    simulated = ch02.simulate_tokens_per_pass(long, 4, repeats=3)
+    formula = (1 - 0.6 ** 5) / (1 - 0.6)
+    assert abs(simulated - formula) / formula < 0.02
+    short = [torch.full((8,), 0.6)] * 20                                 # the budget cuts the last rounds short
+    assert ch02.simulate_tokens_per_pass(short, 6, repeats=50) < formula
+    assert ch02.simulate_tokens_per_pass([torch.ones(12)], 3, repeats=1) == 4.0
+    parts = ch02.gap_decomposition(short, 4, measured=1.9, repeats=20)
+    assert set(parts) == {"formula", "simulated, constant α with the budget", "simulated along the measured α_t", "measured"}
+    assert parts["simulated, constant α with the budget"] < parts["formula"]
+
+
+def test_ch07_to_ch09_state_their_answers():
+    """Each solution module says its answers in words (its docstring) and computes the numbers behind them."""
+    ch07, ch08, ch09 = load("ch07"), load("ch08"), load("ch09")
+    for module, words in ((ch07, ("doubling steps", "latency")), (ch08, ("not i.i.d.", "Bandwidth is not the bound")),
+                          (ch09, ("three distinct resamples", "the engine, not HF's loop"))):
+        assert all(w in module.__doc__ for w in words), module.__name__
+    first, second, third = ch07.answers()
+    assert "7 doubling steps" in first and "a 256-deep chain: 9" in first and "10.03 MB" in second
+    fit, buffer = ch08.answers()
+    assert "fitted alpha 0.66" in fit and "gamma 6: measured 411" in fit
+    assert "23.6 MB per step" in buffer and "52 us per attention call" in buffer
+    lines = ch09.answers()
+    assert sum(line.startswith("1. ") for line in lines) == 5 and any("code: 5-95% interval" in l for l in lines)
+    assert any("gpu_h100_bfloat16:" in l and "holds" in l for l in lines)
+    assert any("graphed" in l and "ours replays graphs" in l for l in lines)
+
+
+# notebook 03: the answers in words, and the code behind the conceptual halves ----------------------------
+def test_ch03_answers_every_exercise_in_words(ch03):
+    for n in range(1, 5):
+        answer = getattr(ch03, f"ANSWER_{n}")
+        assert isinstance(answer, str) and len(answer.split()) > 40
+
+
+def test_ch03_multiplicative_reacts_faster_on_easy_and_much_better_on_hard_stretches(ch03):
+    moderate = ch03.easy_then_hard(60, 40)
+    assert moderate["easy"]["multiplicative"]["rounds"] < moderate["easy"]["adaptive-hf"]["rounds"]
+    assert moderate["easy then hard"]["multiplicative"]["wasted"] < moderate["easy then hard"]["adaptive-hf"]["wasted"]
+    very_long = ch03.easy_then_hard(300, 40)["easy"]  # no cap on Hugging Face's schedule: it catches up
+    assert very_long["adaptive-hf"]["rounds"] <= very_long["multiplicative"]["rounds"]
+
+
+def test_ch03_category_gain(ch03):
+    easy = [stats(8, 8)] * 10 + [stats(8, 6)] * 5
+    hard = [stats(8, 0)] * 12 + [stats(8, 1)] * 3
+    t_verify = {k: 10.0 + 0.2 * (k - 1) for k in range(1, 10)}
+    result = ch03.category_gain({"code": easy, "stories": hard}, 1.0, t_verify)
+    assert result["own_gamma"] == {"code": 8, "stories": 1}
+    assert result["gain"] > 1.0
+    same = ch03.category_gain({"a": easy, "b": list(easy)}, 1.0, t_verify)
+    assert same["gain"] == pytest.approx(1.0) and same["shared_gamma"] == 8
+
+
+def test_ch05_states_its_answers_in_words(ch05):
+    """Every exercise of notebook 05 has its answer in words, and the script prints the numbers behind them."""
+    assert set(ch05.ANSWERS) == {1, 2, 3, 4} and all(len(words) > 200 for words in ch05.ANSWERS.values())
+    lines = ch05.answers()
+    assert [line[:2] for line in lines[:4]] == ["1.", "2.", "3.", "4."]
+    assert "TV = 0.214" in lines[1]                       # notebook 02's toy vectors
+    assert "a12 >= 0.55" in lines[2] and "a12 >= 0.85" in lines[2]
+    levels = ch05.logged_lookup_levels()
+    assert levels["with_context"]["coverage"] > levels["context_only"]["coverage"]
+    assert levels["context_only"]["hit_rate"] > levels["with_context"]["hit_rate"]
+
+
+def test_ch05_tau2_sweep_is_judged_with_its_spread(ch05):
+    records = []
+    for prompt in range(6):
+        for label, seconds in (("ngram > draft-s tau2 0.5", 1.0), ("ngram > draft-s tau2 3", 2.0),
+                               ("ngram > draft-s adaptive", 1.0 + 0.01 * (prompt % 2)), ("draft-s entropy-stop", 1.0)):
+            records.append({"id": prompt, "method": label, "new_tokens": 64, "wall_s": seconds})
+    fast, slow = ch05.judge_tau2_sweep(records)
+    assert "tau2 0.5" in fast and "(a tie within the spread)" in fast
+    assert "tau2 3" in slow and "(slower)" in slow
+
+
+def test_ch07_one_tile_kernel_matches_sdpa():
+    """Exercise 3's single-program Triton kernel, in the CPU interpreter (compiled on a GPU), against SDPA with the mask."""
+    import random
+    ch07 = load("ch07")
+    if not ch07.ta.AVAILABLE:
+        pytest.skip(ch07.ta.WHY)
+    rng = random.Random(1)
+    for T, P in ((1, 0), (7, 5), (16, 20)):
+        parents = torch.tensor([-1] + [rng.randrange(-1, i) for i in range(1, T)])
+        mask = ch07.ta.mask_from_parents(parents, P)
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on a CPU
+        q, k, v = torch.randn(T, 64, device=device), torch.randn(P + T, 64, device=device), torch.randn(P + T, 64, device=device)
+        mask = mask.to(device)
+        reference = ch07.ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
+        torch.testing.assert_close(ch07.one_tile_tree_attention(q, k, v, mask), reference, atol=1e-5, rtol=1e-5)
+    assert ch07.one_tile_check() < 1e-5 and "3. one_tile_tree_attention: largest" in ch07.answers()[2]

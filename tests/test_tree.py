@@ -113,7 +113,7 @@ def test_medusa_heads_start_as_the_targets_next_token_predictor(tiny):
     assert out.shape == (11, 4, 64)
     for k in range(4):
         assert torch.allclose(out[:, k], logits, atol=1e-5)
-    broken = MedusaHeads(target, 4, use_norm=False)  # seed 004's bug: no norm, so not the target at step 0
+    broken = MedusaHeads(target, 4, use_norm=False)  # the missing-norm bug: no norm, so not the target at step 0
     assert not torch.allclose(broken(hidden[0][0])[:, 0], logits, atol=1e-2)
 
 
@@ -309,7 +309,7 @@ def test_shipped_heads_on_the_real_target():
 
 
 def test_medusa_schedule_and_training_on_a_tiny_model(tiny):
-    """Seed 004's recipe: warm-up to the peak, cosine to eta_min; its bug (a cosine 15 steps long,
+    """The heads' recipe: warm-up to the peak, cosine to eta_min; its bug (a cosine 15 steps long,
     eta_min 0) leaves the rate at 0. A few steps of `train_heads` lower the distillation loss."""
     from specdec_utils.train_medusa import lr_at, parse_args, train_heads
     assert lr_at(0, 1000, 3e-4, 500) == pytest.approx(3e-4 / 500)

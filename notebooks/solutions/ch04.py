@@ -1,12 +1,58 @@
-"""Solutions to the exercises of notebook 04 (entropy self-verify); `tests/test_solutions.py` checks them."""
+"""Solutions to the exercises of notebook 04 (entropy self-verify); `tests/test_solutions.py` checks them.
+
+Each exercise has code and, in `ANSWERS`, its answer in words: what to conclude, and for a measured answer what
+to look at in your own run (the numbers belong to your machine, so they are computed, not typed here).
+"""
 import torch
 
 from specdec_utils.policies import EntropyStop, LearnedStop, min_cost_threshold
 
 
+ANSWERS = {
+    1: "Proposing the unsure token pays when it is still accepted often enough and one more verified position is "
+       "cheap. Its draft step is paid either way (the draft already computed the distribution whose entropy said "
+       "stop), so the choice weighs only one more position in the target's pass against the chance of one more "
+       "token: propose when P(accepted | this entropy) x (time of a target step) > T_verify(k + 1) - T_verify(k). "
+       "With flat verification (bfloat16 on an AVX-512 BF16 CPU, a GPU) the extra position costs almost nothing, "
+       "so proposing pays, most of all in sampled decoding where even high-entropy tokens are often accepted; where "
+       "a wider pass costs more (float32 on the course CPU, where 2 and 3 tokens cost more than 5), dropping it "
+       "pays. Compare `EntropyStopBefore` with `EntropyStop` through `report.speedup(records, "
+       "'entropy-stop-before', 'entropy-stop')` and let `report.verdict` say which is faster on your machine.",
+    2: "FPR + c FNR weighs a missed good token (a false negative: stopping before a token the target would have "
+       "accepted) c times a wasted bad one (a false positive). The right c is the ratio of those two costs on the "
+       "machine: a missed token costs about a target step (the round ends early and the token comes one pass "
+       "later), a wasted one costs a draft step plus one more position in the verification pass. "
+       "`matching_cost(t_draft, t_verify)` computes that ratio from the costs section 4 measures: where "
+       "verification is nearly free (bfloat16 on the course CPU) it is large, so c = 10 matches better than 1 or "
+       "transformers' 3; where wider passes are expensive (float32 there) it is small, closer to c = 1. A larger "
+       "c gives a lower confidence threshold, so the rule drafts more.",
+    3: "The peeking rule emits min(p, q) on the tokens where p >= q plus the undrafted mass times p. Tokens the "
+       "draft overrates (q > p) are never proposed, so they lose the residual correction that rejection sampling "
+       "would have given the tokens the draft underrates; the emitted distribution is biased, and "
+       "`peeking_emission` returns a total-variation distance to p that is zero only when p = q. The bias comes from "
+       "deciding after reading x; deciding from p and q alone, before drawing, would be exact.",
+    4: "It depends on the machine, and the run decides it. A cost-aware stop avoids the drafts whose expected "
+       "gain is below their cost, so it helps most where costs are uneven: in float32 on the course CPU, where a 2- "
+       "or 3-token pass costs more than a 5-token one, it can beat a fixed threshold; with flat verification "
+       "(bfloat16) the cost term is just a draft step and its decisions approach a fixed threshold on the survival "
+       "probability, so expect a tie within the spread. Benchmark `CostAwareStop` next to the best fixed "
+       "threshold of section 4 on both dtypes and read `report.verdict(report.speedup(records, 'cost-aware-stop', "
+       "'<that threshold>'))`.",
+}
+
+
+def matching_cost(t_draft: float, t_verify: dict, widths=range(2, 6)) -> float:
+    """The false-negative cost c that matches a machine (exercise 2): a target step (what a missed token
+    costs) over a draft step plus the mean growth of the verification pass by one position (what a wasted
+    draft costs), over the pass widths `widths` a round typically uses."""
+    growth = sum(max(t_verify[k + 1] - t_verify[k], 0.0) for k in widths) / len(widths)
+    return t_verify[1] / (t_draft + growth)
+
+
 # Exercise 1 ------------------------------------------------------------------------------------
 class EntropyStopBefore(EntropyStop):
-    """HSDDW's adaptive entropy threshold, but the unsure token is dropped instead of proposed."""
+    """HSDDW's adaptive entropy threshold θ (the package's `tau`), but the unsure token is dropped instead of
+    proposed. Answer in words: ANSWERS[1]."""
     name = "entropy-stop-before"
 
     def stop_after(self, step) -> bool:
@@ -20,7 +66,8 @@ class EntropyStopBefore(EntropyStop):
 # Exercise 2 ------------------------------------------------------------------------------------
 def roc_thresholds(probs, accepted, costs=(1.0, 3.0, 10.0)) -> dict:
     """For each false-negative cost c, the confidence threshold minimising FPR + c FNR on recorded
-    (draft probability of its token, accepted?) pairs; c = 3 is what transformers converges to."""
+    (draft probability of its token, accepted?) pairs; c = 3 is what transformers converges to. Which c
+    matches a machine: `matching_cost` and ANSWERS[2]."""
     labels = [int(a) for a in accepted]
     return {c: min_cost_threshold(list(map(float, probs)), labels, false_negative_cost=c) for c in costs}
 
@@ -28,7 +75,8 @@ def roc_thresholds(probs, accepted, costs=(1.0, 3.0, 10.0)) -> dict:
 # Exercise 3 ------------------------------------------------------------------------------------
 def peeking_emission(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, float]:
     """The token emitted at one position by a rule that drafts x ~ q only where p(x) >= q(x) (always
-    accepted there) and otherwise lets the target emit a bonus token from p; with its TV distance to p."""
+    accepted there) and otherwise lets the target emit a bonus token from p; with its TV distance to p.
+    Answer in words: ANSWERS[3]."""
     p, q = p.double(), q.double()
     p, q = p / p.sum(), q / q.sum()  # float32 inputs sum to 1 only within ~1e-8
     drafted = torch.where(p >= q, q, torch.zeros_like(q))
@@ -41,7 +89,8 @@ class CostAwareStop(LearnedStop):
     """Draft token j only if its expected value, survival * a_j tokens at `token_ms` each, exceeds
     what it costs: one draft step plus the growth of the verification pass from j to j + 1 tokens.
     `head` predicts a_j (a `stop_head.StopHead`); `t_verify[k]` is a pass over k tokens in ms. The
-    survival bookkeeping is `LearnedStop`'s; only its stop test changes."""
+    survival bookkeeping is `LearnedStop`'s; only its stop test changes. Whether it beats a fixed
+    threshold: ANSWERS[4]."""
     name = "cost-aware-stop"
     reason = "cost"
 

@@ -1,4 +1,22 @@
-"""Solutions to notebook 07's exercises (checked by tests/test_solutions.py)."""
+"""Solutions to notebook 07's exercises (checked by tests/test_solutions.py). Run it to print the answers.
+
+1. Ancestors in O(log depth) steps: pointer doubling needs about log2(depth) + 1 doubling steps where the walk needs
+   depth steps: for trees like the benchmark's T = 256 ones (about 50 levels deep) that is 7 steps against about 50,
+   and for a 256-deep chain 9 against 256. The mask equals `tree_mask` on chains, stars and random trees.
+2. Bytes per verification: every program reads every key once, so the bytes scale with the number of (head, node
+   block) programs. At P = 1024, T = 64 the first layout (9 query heads x 4 blocks) reads about 10.0 MB, the packed
+   kernel (3 KV heads x 4 blocks) a third of that, about 3.3 MB, and one program per query head over all 64 nodes
+   about 2.5 MB, but with only 9 programs, too few to fill a GPU. The dense bool mask is T x (P + T) bytes, about
+   70 KB: small next to the K and V reads, so what the mask-free kernel saves is building the mask, not reading it.
+   And the distinct K and V of one call (3 KV heads) are under 1 MB, well under a microsecond at 3.35 TB/s, while the
+   kernels take several microseconds: at these sizes they are bound by latency and occupancy, not bandwidth.
+3. A kernel of your own: `one_tile_tree_attention` below is the whole idea in about fifteen kernel lines: one program
+   loads the queries, every key and value and the mask as single tiles, computes the scores with `tl.dot`, masks them
+   with -1e30, takes a plain softmax (max, exp, sum: with one tile there is nothing to rescale) and multiplies by V.
+   In the interpreter it matches SDPA with the mask to about 1e-6 in fp32. What it leaves out is what the course's
+   kernel adds: a loop over key tiles with the online softmax (for prefixes longer than one tile), several query heads
+   per KV head in one program, the prefix split across programs, and the parents walk instead of the mask.
+"""
 from __future__ import annotations
 
 import torch
@@ -44,3 +62,82 @@ def kv_bytes(P: int, T: int, head_dim: int, bytes_per_value: int, heads: int, no
 def mask_bytes(P: int, T: int) -> int:
     """The dense bool mask [T, P + T] the mask-free kernel never reads (one byte per entry)."""
     return T * (P + T)
+
+
+# 3. A kernel of your own ----------------------------------------------------------------------
+from specdec_utils import tree_attention as ta  # noqa: E402  (imports specdec_utils first: the interpreter switch)
+
+if ta.AVAILABLE:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _one_tile_kernel(Q, K, V, M, O, T, N, D, scale,
+                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        t = tl.arange(0, BLOCK_T)                       # query rows (tree nodes)
+        n = tl.arange(0, BLOCK_N)                       # keys: the prefix, then the tree
+        d = tl.arange(0, BLOCK_D)
+        t_ok, n_ok, d_ok = t < T, n < N, d < D
+        q = tl.load(Q + t[:, None] * D + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(K + n[:, None] * D + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + n[:, None] * D + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        allowed = tl.load(M + t[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0) != 0
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # scores [BLOCK_T, BLOCK_N]; ieee: no tf32 on a GPU
+        s = tl.where(allowed, s, -1.0e30)
+        p = tl.exp(s - tl.max(s, axis=1)[:, None])
+        p = tl.where(allowed, p, 0.0)
+        out = tl.dot(p, v, input_precision="ieee") / tl.maximum(tl.sum(p, axis=1), 1e-30)[:, None]
+        tl.store(O + t[:, None] * D + d[None, :], out, mask=t_ok[:, None] & d_ok[None, :])
+
+
+def one_tile_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked attention for one head in one Triton program: q [T, D], k and v [N, D] (N = P + T keys), mask [T, N]
+    bool, computed in fp32. All keys fit one tile, so a plain softmax (max, exp, sum) replaces the online one, and
+    nothing is split. Runs compiled on a GPU and in Triton's CPU interpreter elsewhere."""
+    if not ta.AVAILABLE:
+        raise RuntimeError(ta.WHY)
+    T, D = q.shape
+    N = k.shape[0]
+    q, k, v = (x.float().contiguous() for x in (q, k, v))
+    out = torch.empty_like(q)
+    block = lambda x: max(16, triton.next_power_of_2(x))  # noqa: E731  tl.dot wants every side >= 16
+    _one_tile_kernel[(1,)](q, k, v, mask.to(device=q.device, dtype=torch.int8).contiguous(), out, T, N, D,
+                           1.0 / D ** 0.5, BLOCK_T=block(T), BLOCK_N=block(N), BLOCK_D=block(D))
+    return out
+
+def answers() -> list[str]:
+    """The numbers behind the answers above, computed."""
+    import random
+    from specdec_utils.tree import depths
+    rng = random.Random(0)
+    medusa_like = torch.tensor([-1] + [rng.randrange(max(-1, i - 8), i) for i in range(1, 256)])
+    chain = torch.arange(256) - 1
+    first, packed, per_head = (kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
+    distinct = 2 * 3 * (1024 + 64) * 64 * 2
+    return [
+        f"1. a T = 256 tree {int(depths(medusa_like).max())} levels deep: {ancestor_mask_by_lifting(medusa_like)[1]} doubling "
+        f"steps (the walk: {int(depths(medusa_like).max())}); a 256-deep chain: {ancestor_mask_by_lifting(chain)[1]} (the walk: 256)",
+        f"2. K and V bytes per call: first layout {first / 1e6:.2f} MB, packed {packed / 1e6:.2f} MB, one program per query "
+        f"head over all nodes {per_head / 1e6:.2f} MB; the dense mask {mask_bytes(1024, 64) / 1e3:.1f} KB; distinct K and V "
+        f"{distinct / 1e6:.2f} MB, {distinct / 3.35e12 * 1e6:.2f} us at 3.35 TB/s",
+        "3. one_tile_tree_attention: "
+        + (f"largest |difference| from SDPA with the mask {one_tile_check():.1e} (fp32, a 10-node tree on a 6-token prefix)"
+           if ta.AVAILABLE else f"not run here: {ta.WHY}"),
+    ]
+
+
+def one_tile_check(T: int = 10, P: int = 6, seed: int = 0) -> float:
+    """Largest |one_tile_tree_attention - SDPA with the mask| on a random tree, fp32."""
+    import random
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    parents = torch.tensor([-1] + [rng.randrange(-1, i) for i in range(1, T)])
+    mask = ta.mask_from_parents(parents, P)
+    q, k, v = torch.randn(T, 64, generator=gen), torch.randn(P + T, 64, generator=gen), torch.randn(P + T, 64, generator=gen)
+    if torch.cuda.is_available():  # compiled Triton reads GPU memory; the interpreter reads the CPU's
+        q, k, v, mask = q.cuda(), k.cuda(), v.cuda(), mask.cuda()
+    reference = ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
+    return (one_tile_tree_attention(q, k, v, mask) - reference).abs().max().item()
+
+
+if __name__ == "__main__":
+    print("\n".join(answers()))

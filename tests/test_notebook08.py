@@ -1,0 +1,71 @@
+"""Notebook 08's teaching capture/replay (`CapturedStep`), run straight out of the notebook: on a GPU its replays
+must equal the eager graphed step (`static_forward`) and the package's `GraphRunner`. Without CUDA the capture
+cannot run; the CPU check of the graphed step's arithmetic is `GraphRunner(capture=False)` (notebook 08, section 4,
+and tests/test_static_cache.py)."""
+import pytest
+import torch
+
+from specdec_utils import generate
+from specdec_utils.cuda_graphs import GraphRunner, disable_cuda_graphs, enable_cuda_graphs, static_forward
+from specdec_utils.engine import forward_uncached
+from specdec_utils.static_cache import StaticKVCache
+from conftest import random_model, random_prompt, teaching_namespace
+
+NOTEBOOK = "08_gpu_engine.ipynb"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    return teaching_namespace(NOTEBOOK, {"torch": torch}, min_cells=1)
+
+
+def test_the_notebook_defines_the_teaching_capture(notebook):
+    step = notebook["CapturedStep"]
+    assert callable(step) and {"__init__", "__call__"} <= set(vars(step))
+
+
+@needs_cuda
+def test_captured_step_replays_the_eager_graphed_step(notebook):
+    device = torch.device("cuda")
+    model = random_model("tiny-llama", seed=0).to(device)
+    cache = StaticKVCache.for_model(model, 64)
+    prompt = random_prompt(9, 0).to(device)
+    with torch.inference_mode():
+        forward_uncached(model, prompt, cache, 1)
+        first = torch.tensor(cache.length, device=device)
+        step = notebook["CapturedStep"](lambda ids, start: static_forward(model, cache, ids, start, 1),
+                                        prompt[:, -1:].clone(), first)
+        outputs = []
+        for position in (cache.length, cache.length + 1, cache.length + 5):
+            new = random_prompt(1, position).to(device)
+            start = torch.tensor(position, device=device)
+            replayed = step(new, start)
+            torch.testing.assert_close(replayed, static_forward(model, cache, new, start, 1), atol=1e-5, rtol=1e-5)
+            outputs.append(replayed)
+        assert not torch.equal(outputs[0], outputs[1])  # the inputs were copied in: another token, other logits
+
+
+@needs_cuda
+def test_captured_step_agrees_with_the_graph_runner(notebook):
+    device = torch.device("cuda")
+    target = random_model("tiny-llama", seed=0).to(device)
+    draft = random_model("tiny-llama", seed=1).to(device)
+    prompt = random_prompt(7, 1).to(device)
+    eager = generate(target, prompt, 24, method="greedy", draft=draft, gamma=4).new_token_ids
+    runner = enable_cuda_graphs(target)
+    enable_cuda_graphs(draft)
+    try:
+        graphed = generate(target, prompt, 24, method="greedy", draft=draft, gamma=4).new_token_ids
+    finally:
+        disable_cuda_graphs(target), disable_cuda_graphs(draft)
+    assert graphed == eager and runner.captures > 0
+    # one step captured by the notebook's class equals the runner's replay of the same step on its own cache
+    with torch.inference_mode():
+        ours, theirs = StaticKVCache.for_model(target, 64), GraphRunner(target)
+        cache = theirs.new_cache(prompt.shape[1])
+        forward_uncached(target, prompt, ours, 1), forward_uncached(target, prompt, cache, 1)
+        new = random_prompt(1, 5).to(device)
+        start = torch.tensor(ours.length, device=device)
+        step = notebook["CapturedStep"](lambda ids, s: static_forward(target, ours, ids, s, 1), new, start)
+        torch.testing.assert_close(step(new, start), theirs.forward(cache, new, 1), atol=1e-5, rtol=1e-5)
