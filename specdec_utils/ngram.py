@@ -4,8 +4,8 @@ n-grams counted on text the target wrote (notebook 05's bottom level).
 `NgramDraft` answers "what usually comes next?" by looking up the last tokens, longest context
 first, and at each length the live text before the corpus: the last 3 tokens in the live text
 (prompt lookup decoding, Saxena 2023: copy what followed the same tokens earlier in the prompt or
-the output), then in a table counted on target-written text (a trigram model), then the last 2
-tokens, live text then table (a bigram model, the bottom level of Cascade Speculative Drafting,
+the output), then in a table counted on target-written text (a 4-gram model), then the last 2
+tokens, live text then table (a trigram model; Cascade Speculative Drafting puts a bigram at its bottom level,
 arXiv 2312.11462). The answer is a distribution: the counts of the tokens that followed, as logits
 (log count; -inf for every other token), so the engine samples from it, measures its entropy and
 verifies it exactly like a model's. No match anywhere: `None`, and the level stops drafting.
@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-ORDERS = (3, 2)  # tokens of context: trigram table, then bigram table
+ORDERS = (3, 2)  # tokens of context: a 4-gram table, then a trigram table
 TABLE_FILE = "table.safetensors"
 LOG_FILE = "training_log.json"
 

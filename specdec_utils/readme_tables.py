@@ -282,10 +282,31 @@ def leaderboard_table() -> str:
     return "\n".join(lines)
 
 
+def runtimes_table() -> str:
+    """Each notebook's committed full run: minutes from its cells' execution times, and its stamp's CPU kind."""
+    import datetime
+    rows = ["| notebook | full run, minutes | executed on |", "|---|---|---|"]
+    for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        times = [c["metadata"]["execution"] for c in cells if c["cell_type"] == "code" and "execution" in c.get("metadata", {})]
+        stamp = next(("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])
+                      if "run stamp" in "".join(o.get("text", ""))), "")
+        kind = re.search(r"CPU kind: ([^(\n]+?) \(", stamp)
+        date = re.search(r"run stamp\s+(\d{4}-\d\d-\d\d)", stamp)
+        if not times:
+            rows.append(f"| `{path.stem}` | not executed | - |")
+            continue
+        at = lambda t: datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        minutes = (at(times[-1]["shell.execute_reply"]) - at(times[0]["iopub.execute_input"])).total_seconds() / 60
+        rows.append(f"| `{path.stem}` | {minutes:.1f} | {date.group(1) if date else '?'}, 2-core CPU, "
+                    f"{kind.group(1) if kind else 'CPU kind not stamped'} |")
+    return "\n".join(rows)
+
+
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
           "engine-gpu": engine_gpu_table, "tree-attention": tree_attention_table,
-          "leaderboard": leaderboard_table}
+          "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 NOTE = "Speedups: against `ar` in the same run, with a 95% bootstrap interval over prompts; bold: the fastest, and every method tied with it (intervals overlap)."
 
 

@@ -263,6 +263,17 @@ def rank(estimates: dict, *, higher_is_better: bool = True) -> list[list[str]]:
     return tiers
 
 
+def ranking(estimates: dict) -> str:
+    """The tiers of `rank` as text: '=' joins names tied with their tier's best; '>' only where every name of
+    the upper tier is separated from every name of the lower one, '≥' where some still overlap."""
+    tiers = rank(estimates)
+    text = " = ".join(f"`{m}`" for m in tiers[0])
+    for upper, lower in zip(tiers, tiers[1:]):
+        apart = all(compare(estimates[a], estimates[b]) != TIE for a in upper for b in lower)
+        text += (" > " if apart else " ≥ ") + " = ".join(f"`{m}`" for m in lower)
+    return text
+
+
 def fmt(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 

@@ -40,6 +40,13 @@ def test_compare_and_rank_make_ties_of_overlaps():
     assert report.rank({"a": a, "b": b, "c": c}) == [["a", "b"], ["c"]]
 
 
+def test_ranking_text_says_overlap_between_tiers():
+    a, b, c = report.Estimate(1.5, 1.4, 1.6), report.Estimate(1.35, 1.25, 1.45), report.Estimate(1.0, 0.9, 1.1)
+    assert report.ranking({"a": a, "b": b, "c": c}) == "`a` = `b` > `c`"
+    d = report.Estimate(1.2, 1.1, 1.3)  # below a's interval, overlapping b's
+    assert report.ranking({"a": a, "b": b, "d": d}) == "`a` = `b` ≥ `d`"
+
+
 def test_paired_speedup_is_exact_without_noise_and_tight_with_shared_noise():
     exact = report.speedup(records({"ar": 20.0, "greedy": 30.0}), "greedy")
     assert exact.value == pytest.approx(1.5) and exact.low == pytest.approx(1.5) and exact.high == pytest.approx(1.5)

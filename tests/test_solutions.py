@@ -85,7 +85,7 @@ def test_ch04_entropy_stop_before_drops_the_unsure_token(ch04):
     target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.01, seed=1)
     input_ids = random_prompt(5, 0)
-    before = generate(target, input_ids, 30, method=ch04.EntropyStopBefore(tau0=5.0), draft=draft)
+    before = generate(target, input_ids, 30, method=ch04.EntropyStopBefore(theta=5.0), draft=draft)
     assert before.new_token_ids == generate(target, input_ids, 30, method="ar").new_token_ids
     assert any(r.stop == "entropy" for r in before.rounds)
     assert before.draft_calls > before.drafted  # a stopped-before round paid for the pass that told it to stop
@@ -496,7 +496,7 @@ def test_ch05_states_its_answers_in_words(ch05):
     lines = ch05.answers()
     assert [line[:2] for line in lines[:4]] == ["1.", "2.", "3.", "4."]
     assert "TV = 0.214" in lines[1]                       # notebook 02's toy vectors
-    assert "a12 >= 0.55" in lines[2] and "a12 >= 0.85" in lines[2]
+    assert "a12 >= 0.55" in lines[2] and "a12 >= 0.9" in lines[2]
     levels = ch05.logged_lookup_levels()
     assert levels["with_context"]["coverage"] > levels["context_only"]["coverage"]
     assert levels["context_only"]["hit_rate"] > levels["with_context"]["hit_rate"]

@@ -30,10 +30,13 @@ def speedup_with_measured_verify(alpha: float, gamma: int, c: float, verify_rati
 def best_gamma_measured(alpha: float, c: float, new_tokens, latency_ms, max_gamma: int | None = None) -> int:
     """The best gamma once verification is charged its measured cost.
 
-    Answer: charging T(gamma + 1) / T(1) instead of 1 lowers every speedup, and it pulls the best gamma
-    down wherever T(k) grows with k: most in a dtype whose curve in section 2 is steep (float32 on the
-    course CPU, bfloat16 on a CPU without bfloat16 instructions), hardly at all where the curve is flat
-    (bfloat16 with bfloat16 instructions), where the textbook optimum survives. Compare the result with
+    Answer: the shape of T(k) moves the best gamma, not just its level. Charging T(gamma + 1) / T(1) instead
+    of 1 lowers the speedups where a wide pass costs more than a 1-token pass, and raises them where it
+    measured less. If most of the growth is one step from 1 to 2 tokens and later tokens add little (float32
+    on the course CPU: the matrix-matrix kernel's price up front), that step is paid once per round whatever
+    gamma is, so the best gamma tends to move up; if every extra token adds cost (a steady, steep curve, as
+    bfloat16 has on a CPU without bfloat16 instructions), it moves down; on a flat curve the textbook optimum
+    survives up to timing noise (a step either way). Compare the result with
     `optimal_gamma(alpha, c)` for each dtype: the gap between them measures how far "verification is
     nearly free" is from true on your machine. gamma + 1 must stay within the measured k (at most 16)."""
     max_gamma = max_gamma or int(max(new_tokens)) - 1

@@ -24,7 +24,10 @@ def best_draft(drafts: dict, t_target: float, t_verify: dict, gammas=range(1, 9)
     """For each draft {name: (alpha, t_draft)}: its best gamma and refined predicted speedup; plus 'winner'.
 
     Answer: the draft with the larger refined prediction should win, and neither alpha nor c decides alone:
-    `draft-s` costs about half as much per step but is accepted a little less often. Because a round's
+    `draft-s` costs a bit over half as much per step; on the notebook's few prompts it can reach the same
+    alpha and tau as `draft-m` (section 4), and then it wins at every gamma by its lower c; the trade-off
+    appears where `draft-m` is accepted more often (the training logs' evaluation on all held-out prompts
+    gives `draft-m` the higher tau). Because a round's
     verification pass costs the same for both drafts, the cheaper draft gains most at large gamma, where
     draft steps are a large part of the round; the better draft gains most at small gamma, where acceptance
     decides. Run the notebook's sweep with `DRAFT = "draft-s"`: if the two measured curves overlap within
@@ -71,7 +74,8 @@ def count_passes(generate_fn, target, draft, input_ids, max_new_tokens: int, gam
 def self_draft(target, input_ids, max_new_tokens: int, gamma: int) -> dict:
     """Speculative decoding with the target as its own draft: tau and the output.
 
-    Answer: every draft is accepted, so each round makes gamma + 1 tokens (tau = gamma + 1, less only in a
+    Answer: every draft is accepted (in float32; in bfloat16 a few near-ties between the 1-row draft pass and
+    the wide verification pass are rejected, section 6), so each round makes gamma + 1 tokens (tau = gamma + 1, less only in a
     last, shortened round). It is still slower than plain decoding: a round costs gamma full target steps
     to draft plus one verification pass over gamma + 1 tokens, to make gamma + 1 tokens, so its time per
     token is `self_draft_slowdown(gamma, T(gamma + 1) / T(1))` >= 1 times plain decoding's. A round has a

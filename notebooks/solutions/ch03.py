@@ -63,7 +63,8 @@ in four rounds, while adaptive-hf's -1 per round takes as many rounds as gamma h
 rounds drafts tokens that are all thrown away. `easy_then_hard(easy, hard)` counts it without a model: compare
 'rounds' on the easy text (try easy = 60 and easy = 300) and 'wasted' on the easy-then-hard text. The price of
 the multiplicative rule is overshooting: when an easy stretch ends inside a round of 16, most of it is wasted, and
-on a CPU a wide verification pass can cost several target steps. Which one is faster on your machine is a
+a wide verification pass can cost more than one target step (section 2's table), and a pass over 17 tokens was
+not measured there. Which one is faster on your machine is a
 measurement: run both through `bench.run_benchmark` and compare their speedup intervals (`report.compare`); an
 overlap is a tie."""
 
@@ -83,12 +84,11 @@ def best_fixed_gamma(acceptance, t_draft: float, t_verify: dict) -> int:
 ANSWER_2 = """\
 Compare `best_fixed_gamma(position_acceptance['greedy'], *cost_ms[dtype])` and the same with
 `[pooled_alpha('greedy')] * PROFILE_GAMMA` against the measured best gamma of section 2 (and against the gammas tied
-with it). Both use the measured pass costs, and that is what matters most: a formula that prices a verification
-pass at one target step (the textbook one) picks a gamma that is too long wherever a pass over gamma + 1 tokens
-costs several steps. Between the two, the acceptance by position is the one to trust: the pooled alpha counts
-every position as often as rounds reach it, so when a_i changes with i (the first position is often the hardest),
-the constant-alpha model misprices long rounds. When the measured a_i are nearly flat the two pick the same gamma,
-and both can still be off in level, since the isolated pass timings are not exactly what the loop pays."""
+with it). With the measured costs the two acceptance models usually pick the same gamma (check it), and both sit
+inside the sweep's tie. Which one is closer in level depends on the run: the profile's a_i come from gamma = 8
+rounds, which mostly start after a rejection, so they can underrate a_1 for short gammas. A formula that prices a
+pass at one target step (the textbook one) misjudges the level and, where passes cost several steps, favours a
+longer gamma; on the notebook's run compare its choice with the measured best. Both can still be off in level, since the isolated pass timings are not exactly what the loop pays."""
 
 
 # Exercise 3 ------------------------------------------------------------------------------------

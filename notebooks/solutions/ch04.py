@@ -13,28 +13,32 @@ ANSWERS = {
        "cheap. Its draft step is paid either way (the draft already computed the distribution whose entropy said "
        "stop), so the choice weighs only one more position in the target's pass against the chance of one more "
        "token: propose when P(accepted | this entropy) x (time of a target step) > T_verify(k + 1) - T_verify(k). "
-       "With flat verification (bfloat16 on an AVX-512 BF16 CPU, a GPU) the extra position costs almost nothing, "
-       "so proposing pays, most of all in sampled decoding where even high-entropy tokens are often accepted; where "
+       "Where one more verified position is cheap (on the course CPU in bfloat16 at the 2-3-token passes "
+       "`entropy-stop` mostly uses, section 4's box; on a GPU) proposing pays, most of all in sampled decoding where even high-entropy tokens are often accepted; where "
        "a wider pass costs more (float32 on the course CPU, where 2 and 3 tokens cost more than 5), dropping it "
        "pays. Compare `EntropyStopBefore` with `EntropyStop` through `report.speedup(records, "
-       "'entropy-stop-before', 'entropy-stop')` and let `report.verdict` say which is faster on your machine.",
+       "'entropy-stop-before', 'entropy-stop')` and let `report.verdict` say which is faster on your machine. Compare "
+       "them at the same fixed θ: an adaptive θ fed only by the tokens it lets through can only fall (every rejected "
+       "entropy is at most θ) and locks at drafting nothing.",
     2: "FPR + c FNR weighs a missed good token (a false negative: stopping before a token the target would have "
        "accepted) c times a wasted bad one (a false positive). The right c is the ratio of those two costs on the "
        "machine: a missed token costs about a target step (the round ends early and the token comes one pass "
        "later), a wasted one costs a draft step plus one more position in the verification pass. "
        "`matching_cost(t_draft, t_verify)` computes that ratio from the costs section 4 measures: where "
-       "verification is nearly free (bfloat16 on the course CPU) it is large, so c = 10 matches better than 1 or "
-       "transformers' 3; where wider passes are expensive (float32 there) it is small, closer to c = 1. A larger "
+       "verification is nearly free (a GPU; on a CPU, read section 4's box) it is large and c = 10 matches better; "
+       "where each verified position costs a sizeable fraction of a target step it is small, nearer 1. Compute it "
+       "from `cost_ms[dtype]` for each dtype and pick the nearest of 1, 3, 10. A larger "
        "c gives a lower confidence threshold, so the rule drafts more.",
-    3: "The peeking rule emits min(p, q) on the tokens where p >= q plus the undrafted mass times p. Tokens the "
-       "draft overrates (q > p) are never proposed, so they lose the residual correction that rejection sampling "
-       "would have given the tokens the draft underrates; the emitted distribution is biased, and "
-       "`peeking_emission` returns a total-variation distance to p that is zero only when p = q. The bias comes from "
+    3: "The peeking rule emits min(p, q) on the tokens where p >= q plus the undrafted mass times p. The draft's "
+       "mass on tokens it overrates (q > p) is handed to a fresh draw from p instead of to the residual (p - q)+, so "
+       "overrated tokens come out at m p(x) < p(x) and underrated ones too often; `peeking_emission` returns the "
+       "total-variation distance to p, (1 - m) P_o (m, P_o: the draft's and the target's mass on the overrated "
+       "tokens), zero only in degenerate cases such as p = q. The bias comes from "
        "deciding after reading x; deciding from p and q alone, before drawing, would be exact.",
     4: "It depends on the machine, and the run decides it. A cost-aware stop avoids the drafts whose expected "
        "gain is below their cost, so it helps most where costs are uneven: in float32 on the course CPU, where a 2- "
-       "or 3-token pass costs more than a 5-token one, it can beat a fixed threshold; with flat verification "
-       "(bfloat16) the cost term is just a draft step and its decisions approach a fixed threshold on the survival "
+       "or 3-token pass costs more than a 5-token one, it can beat a fixed threshold; where verification grows "
+       "little at the widths the rule uses, the cost term is close to a draft step and its decisions approach a fixed threshold on the survival "
        "probability, so expect a tie within the spread. Benchmark `CostAwareStop` next to the best fixed "
        "threshold of section 4 on both dtypes and read `report.verdict(report.speedup(records, 'cost-aware-stop', "
        "'<that threshold>'))`.",
@@ -51,16 +55,20 @@ def matching_cost(t_draft: float, t_verify: dict, widths=range(2, 6)) -> float:
 
 # Exercise 1 ------------------------------------------------------------------------------------
 class EntropyStopBefore(EntropyStop):
-    """HSDDW's adaptive entropy threshold θ (the package's `tau`), but the unsure token is dropped instead of
-    proposed. Answer in words: ANSWERS[1]."""
+    """HSDDW's entropy test at a fixed threshold θ, but the unsure token is dropped instead of proposed.
+    Answer in words: ANSWERS[1]."""
     name = "entropy-stop-before"
+
+    def __init__(self, theta: float, **kwargs):
+        super().__init__(tau0=theta, **kwargs)
+        self.theta = theta  # fixed: an adaptive θ fed only by the tokens it lets through would only fall
 
     def stop_after(self, step) -> bool:
         return False
 
     def stop_before(self, step) -> bool:
         self.entropies.append(step.entropy)
-        return step.entropy > self.tau
+        return step.entropy > self.theta
 
 
 # Exercise 2 ------------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ ANSWERS = {
        "under a draft that costs a few percent of the target, the formula leaves a small gain at best (section 4's "
        "ceiling), so expect ties with the pair, not a clear win. Check the chosen theta2 once on evaluation prompts.",
     2: "A kept token was proposed and accepted: P(x kept) = q(x) min(1, p(x)/q(x)) = min(p(x), q(x)), so the kept "
-       "token follows min(p, q) / sum(min(p, q)), not p. It over-represents tokens the draft overrates, "
-       "under-represents tokens the draft underrates, and never emits a token the draft cannot propose. For "
+       "token follows min(p, q) / sum(min(p, q)), not p. Every token the draft overrates (q >= p) is "
+       "over-represented (p/Z > p, with Z = sum(min(p, q)) = 1 - TV); a token it underrates gets q/Z, which is "
+       "below p only when q/p < Z; tokens the draft cannot propose are never emitted. For "
        "notebook 02's toy vectors `kept_token_distribution(P_TOY, Q_TOY)` gives it and its total-variation "
        "distance to p (printed by this script); it is zero only when p = q.",
     3: "`min_agreement_for_gain(0.25, 0.3, 0.8)`: an M1 at a quarter of a 7B-like middle's cost needs a12 of "
        "roughly a half or more to gain 10% over the M2 pair (the exact grid value is printed). For M2 = `draft-s` "
-       "put in section 1's measured c2 and a2p (a full run on the course CPU gives c2 near 0.05 and a2p near 0.6; "
+       "put in section 1's measured c2 and a2p (a full run on the course CPU gives c2 about 0.04 and a2p about 0.64, section 1's box; "
        "the script uses those): the required a12 is far higher, above anything our levels reach under `draft-s` "
        "(the n-gram agrees with it less than half the time), because a draft that cheap leaves only a few percent "
        "of a round to save.",
@@ -122,7 +123,7 @@ def answers() -> list[str]:
              f"2. {ANSWERS[2]}\n   kept-token distribution {[round(x, 3) for x in kept.tolist()]} "
              f"against p {[round(x, 3) for x in P_TOY.tolist()]}: TV = {tv:.3f}",
              f"3. {ANSWERS[3]}\n   7B-like middle (c2 0.3, a2p 0.8): a12 >= {min_agreement_for_gain(0.25, 0.3, 0.8)}; "
-             f"draft-s (c2 0.053, a2p 0.624): a12 >= {min_agreement_for_gain(0.25, 0.053, 0.624)}",
+             f"draft-s (c2 0.037, a2p 0.640): a12 >= {min_agreement_for_gain(0.25, 0.037, 0.640)}",
              f"4. {ANSWERS[4]}"]
     for part, m in levels.items():
         lines.append(f"   {part}: answers {m['coverage']:.1%} of positions, right where it answers {m['hit_rate']:.1%}, "
