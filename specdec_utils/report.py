@@ -302,7 +302,7 @@ def table(rows: list[dict], columns: dict | list | None = None) -> str:
     Estimates their interval."""
     if not rows:
         raise ValueError("table needs at least one row")
-    columns = columns or list(rows[0])
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))  # every key of any row, in order
     if not isinstance(columns, dict):
         columns = {c: c for c in columns}
 
