@@ -1,22 +1,20 @@
-"""Helpers for the speculative-decoding course. Each module belongs to a notebook:
-models/kv_cache/utils (00), speculative (01), sampling (02), engine/methods/policies (03, 04),
-stop_head (04), exactness (02-05), train_draft (drafts), bench (CLI).
+"""Helpers for the speculative-decoding course.
 
-`generate(target, input_ids, max_new_tokens, method=...)` is the one entry point for every method."""
-import os as _os
-import sys as _sys
+`generate(target, input_ids, max_new_tokens, method=...)` is the one entry point for every method;
+`load_model(name)` loads the target, the drafts and test models. The folders show the architecture:
 
-import torch as _torch
+- `core/`: what runs at decode time. The loop (`engine`), verification and commit (`verify`), sampling,
+  caches and model runners (`kv_cache`, `static_cache`, `runner`), proposers and policies (`engine`,
+  `policies`, `hierarchy`, `tree_drafting`, `medusa`, `ngram`, `stop_head`), trees (`tree`,
+  `tree_attention`), and the method registry with `generate` (`methods`).
+- `tools/`: what measures or trains: the bench CLI (`python -m specdec_utils.bench`), the leaderboard,
+  the GPU benchmarks, the trainers of the drafts and heads, README's tables.
+- at the top: models and prompts, the transformers-internal pieces (`compat`), teaching facades and
+  checks for the notebooks (`speculative`, `exactness`, `theory`, `report`, `utils`).
 
-# Without a GPU, notebook 07's Triton kernels run in Triton's CPU interpreter. Triton reads
-# TRITON_INTERPRET when it is first imported (transformers imports it below), so it is set here.
-TRITON_IMPORTED_TOO_EARLY = False
-if not _torch.cuda.is_available() and "TRITON_INTERPRET" not in _os.environ:
-    TRITON_IMPORTED_TOO_EARLY = "triton" in _sys.modules
-    _os.environ["TRITON_INTERPRET"] = "1"
-
-from .kv_cache import cache_length, trim_cache  # noqa: E402
-from .methods import METHODS, generate
+Importing the package changes nothing global (no environment variables, no logging switches)."""
+from .core.kv_cache import cache_length, trim_cache
+from .core.methods import METHODS, generate
 from .models import PRESETS, UnknownModelError, get_preset, known_names, load_model
 from .utils import (get_device, progress, quick_mode, save_figure, seed_everything, set_plot_style,
                     time_fn, timer)

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from .engine import Sampler
+from .core.engine import Sampler
 
 
 class ToyLM(nn.Module):

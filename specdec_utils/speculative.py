@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .engine import GenerationResult, forward_uncached, greedy_verify  # noqa: F401 (re-exported)
-from .methods import generate
+from .core.engine import GenerationResult, forward_uncached, greedy_verify  # noqa: F401 (re-exported)
+from .core.methods import generate
 
 
 def autoregressive_generate(model, input_ids: torch.Tensor, max_new_tokens: int,

@@ -134,7 +134,7 @@ def forward_ms(model, num_new: int, cached: int = 48, repeats: int = 10, vocab_s
     """Median milliseconds of one forward pass of `model` over `num_new` tokens on top of a KV cache of
     `cached` positions (rolled back after every pass). Token values do not matter for timing, so
     they are random; `vocab_size` bounds them (default: the model's input embedding size)."""
-    from .kv_cache import trim_cache
+    from .core.kv_cache import trim_cache
     device = next(model.parameters()).device
     vocab_size = vocab_size or model.get_input_embeddings().num_embeddings
     ids = torch.randint(vocab_size, (1, cached + num_new), generator=torch.Generator().manual_seed(0)).to(device)

@@ -67,7 +67,7 @@ def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> torch.Tens
 def tiny():
     """A tiny Llama target, another as its draft, and 3 Medusa heads with random (not zero) blocks:
     the token-tree tests' models (notebooks 06 and 07)."""
-    from specdec_utils.medusa import MedusaHeads
+    from specdec_utils.core.medusa import MedusaHeads
     target = tiny_model("tiny-llama", vocab_size=64, seed=1).eval()
     draft = tiny_model("tiny-llama", vocab_size=64, seed=2).eval()
     heads = MedusaHeads(target, 3)

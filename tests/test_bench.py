@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
-from specdec_utils import bench
+from specdec_utils.tools import bench
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, ensure_target_cache, tiny_model
 from specdec_utils.speculative import autoregressive_generate
 from specdec_utils.utils import REPO_ROOT
@@ -112,7 +112,7 @@ def test_draft_with_another_vocabulary_is_rejected_before_running(capsys, other_
 
 
 def test_command_line_error_has_no_traceback():
-    process = subprocess.run([sys.executable, "-m", "specdec_utils.bench", "--gamma", "0"], cwd=REPO_ROOT,
+    process = subprocess.run([sys.executable, "-m", "specdec_utils.tools.bench", "--gamma", "0"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 2 and process.stdout == ""
     assert process.stderr.strip().splitlines() == ["bench: error: argument --gamma: must be an integer >= 1, got '0'"]
@@ -201,7 +201,7 @@ def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tm
 def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
     """`--heads` (a folder of saved heads), `--tree-nodes` and `--prune` reach both tree methods; greedy
     output is the target's; records name the heads and carry the tree statistics."""
-    from specdec_utils.medusa import MedusaHeads
+    from specdec_utils.core.medusa import MedusaHeads
     from specdec_utils.models import tiny_model
     heads = MedusaHeads(tiny_model("tiny-llama", vocab_size=49152), 3)
     heads.rank_accuracy = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]]

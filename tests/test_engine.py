@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from specdec_utils import policies, sampling
-from specdec_utils.engine import DraftModelProposer, Proposal, RoundStats, Sampler, decode
+from specdec_utils.core import policies, sampling
+from specdec_utils.core.engine import DraftModelProposer, Proposal, RoundStats, Sampler, decode
 from specdec_utils.exactness import ToyLM, chi_square_p_value, exact_distribution, sample_outputs, total_variation
-from specdec_utils.medusa import MedusaHeads
-from specdec_utils.methods import METHODS, POLICIES, generate, policy_parameters
-from specdec_utils.stop_head import StopHead
+from specdec_utils.core.medusa import MedusaHeads
+from specdec_utils.core.methods import METHODS, POLICIES, generate, policy_parameters
+from specdec_utils.core.stop_head import StopHead
 from conftest import noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.engine import Sampler, decode
+from specdec_utils.core.engine import Sampler, decode
 from specdec_utils.exactness import ToyLM, chi_square_p_value, exact_distribution, sample_outputs, total_variation
-from specdec_utils.hierarchy import HierarchicalProposer, HierarchyPolicy, NoLoopPolicy
-from specdec_utils.ngram import NgramDraft
+from specdec_utils.core.hierarchy import HierarchicalProposer, HierarchyPolicy, NoLoopPolicy
+from specdec_utils.core.ngram import NgramDraft
 from conftest import TINY_VOCAB, noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -1,9 +1,9 @@
-"""Tests of specdec_utils.kv_cache: KV-cache rollback on real caches and on stubs of the APIs that
+"""Tests of specdec_utils.core.kv_cache: KV-cache rollback on real caches and on stubs of the APIs that
 transformers changed under us (crop(n) "keep n" in 5.17, "positive n raises" in 5.23)."""
 import pytest
 import torch
 
-from specdec_utils.kv_cache import cache_length, trim_cache
+from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.models import tiny_model
 
 VOCAB = 256

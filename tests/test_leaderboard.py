@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specdec_utils import leaderboard as lb
+from specdec_utils.tools import leaderboard as lb
 from specdec_utils.utils import REPO_ROOT
 
 
@@ -82,7 +82,7 @@ def test_the_committed_board_renders(tmp_path):
     runs = lb.load(files)
     for records in runs:
         assert {"device_name", "dtype", "versions", "date"} <= records[0].keys()
-    out = subprocess.run([sys.executable, "-m", "specdec_utils.leaderboard", "--out-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "specdec_utils.tools.leaderboard", "--out-dir", str(tmp_path)],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("### ") == len(files) and "| `ar` |" in out.stdout

@@ -59,7 +59,7 @@ def test_shipped_drafts(target, name, layers, max_bytes):
     assert torch.equal(draft.full_to_draft[draft.draft_to_full], torch.arange(draft.draft_to_full.numel()))
     assert (MODELS_DIR / name / "model.safetensors").stat().st_size < max_bytes
     record = json.loads((MODELS_DIR / name / "training_log.json").read_text())
-    assert record["command"].startswith("python -m specdec_utils.train_draft")
+    assert record["command"].startswith("python -m specdec_utils.tools.train_draft")
     assert {"agreement", "tau", "alpha_tv"} <= set(record["eval"])
 
 

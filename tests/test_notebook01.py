@@ -9,7 +9,7 @@ rarely does exercise both long accepted prefixes and immediate rejections.
 import pytest
 import torch
 
-from specdec_utils.kv_cache import cache_length, trim_cache
+from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 

@@ -1,7 +1,7 @@
 """Notebook 02's teaching implementation of speculative sampling, run straight out of the notebook.
 
 The cells marked `# teaching implementation` (`draw`, `verify_draft`) must give exactly the tokens of
-`specdec_utils.sampling.rejection_sample` from the same random numbers, and be exact in distribution
+`specdec_utils.core.sampling.rejection_sample` from the same random numbers, and be exact in distribution
 by a check that a wrong rule (always accept, or resample from p) cannot pass by luck.
 """
 import math
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from specdec_utils.sampling import rejection_sample, sample_token, warp_logits
+from specdec_utils.core.sampling import rejection_sample, sample_token, warp_logits
 from conftest import teaching_namespace
 
 NOTEBOOK = "02_speculative_sampling.ipynb"

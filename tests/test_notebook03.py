@@ -1,14 +1,15 @@
 """Notebook 03's teaching implementations, run straight out of the notebook: the round-level policies must
 choose the same gamma every round and give the same tokens as the package's policies
-(`specdec_utils.policies`), greedy and sampled, and greedy output must equal the target's; the short decode
+(`specdec_utils.core.policies`), greedy and sampled, and greedy output must equal the target's; the short decode
 loop (`decode_loop`) must give the same tokens and rounds as the package's `engine.decode` for every kind of
 round the notebook runs (plain decoding, fixed and adaptive gamma, the oracle; greedy and sampled)."""
 import pytest
 import torch
 
-from specdec_utils import engine, generate, policies
-from specdec_utils.kv_cache import trim_cache
-from specdec_utils.policies import DraftingPolicy
+from specdec_utils import generate
+from specdec_utils.core import engine, policies
+from specdec_utils.core.kv_cache import trim_cache
+from specdec_utils.core.policies import DraftingPolicy
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "03_adaptive_draft_length.ipynb"

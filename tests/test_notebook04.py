@@ -1,15 +1,16 @@
 """Notebook 04's teaching implementations of the token-level stopping rules, run straight out of the
 notebook: through the engine they must stop at the same tokens and give the same outputs as the
-package's policies (`specdec_utils.policies`), greedy and sampled."""
+package's policies (`specdec_utils.core.policies`), greedy and sampled."""
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from specdec_utils import generate, policies
-from specdec_utils.policies import DraftingPolicy, min_cost_threshold
-from specdec_utils.stop_head import StopHead
+from specdec_utils import generate
+from specdec_utils.core import policies
+from specdec_utils.core.policies import DraftingPolicy, min_cost_threshold
+from specdec_utils.core.stop_head import StopHead
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "04_entropy_self_verify.ipynb"

@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from specdec_utils import tree as trees
-from specdec_utils.engine import Sampler
-from specdec_utils.kv_cache import cache_length, trim_cache
-from specdec_utils.sampling import sample_token
+from specdec_utils.core import tree as trees
+from specdec_utils.core.engine import Sampler
+from specdec_utils.core.kv_cache import cache_length, trim_cache
+from specdec_utils.core.sampling import sample_token
 from conftest import random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "06_medusa_and_token_trees.ipynb"

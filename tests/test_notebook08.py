@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.cuda_graphs import GraphRunner, disable_cuda_graphs, enable_cuda_graphs, static_forward
-from specdec_utils.engine import forward_uncached
-from specdec_utils.static_cache import StaticKVCache
+from specdec_utils.core.cuda_graphs import GraphRunner, disable_cuda_graphs, enable_cuda_graphs, static_forward
+from specdec_utils.core.engine import forward_uncached
+from specdec_utils.core.static_cache import StaticKVCache
 from conftest import random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "08_gpu_engine.ipynb"

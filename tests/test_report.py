@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from specdec_utils import readme_tables, report
+from specdec_utils import report
+from specdec_utils.tools import readme_tables
 
 
 def records(speed: dict, prompts=10, jitter=0.0, seed=0):
@@ -86,7 +87,7 @@ def test_stamp_names_cpu_kind_versions_and_mode(capsys, monkeypatch):
 
 
 def test_readme_blocks_match_the_committed_json():
-    result = subprocess.run([sys.executable, "-m", "specdec_utils.readme_tables", "--check"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "specdec_utils.tools.readme_tables", "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -1,4 +1,4 @@
-"""Tests for specdec_utils.sampling: logit warping and lossless speculative (rejection) sampling.
+"""Tests for specdec_utils.core.sampling: logit warping and lossless speculative (rejection) sampling.
 
 The statistical tests use fixed seeds, so they are deterministic; each checks a distribution with
 a Pearson chi-square test and `test_check_catches_a_wrong_residual` proves the check has teeth.
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from specdec_utils import sampling
-from specdec_utils.sampling import rejection_sample, sample_token, warp_logits
+from specdec_utils.core import sampling
+from specdec_utils.core.sampling import rejection_sample, sample_token, warp_logits
 
 TRIALS = 8_000
 MIN_P_VALUE = 1e-3  # a correct sampler passes; the planted bug below scores far below 1e-10

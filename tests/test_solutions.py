@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.engine import RoundStats
+from specdec_utils.core.engine import RoundStats
 from specdec_utils.theory import expected_tokens_per_round
 from specdec_utils.speculative import autoregressive_generate, forward_uncached
 from conftest import noisy_copy, random_model, random_prompt
@@ -110,7 +110,7 @@ def test_ch04_peeking_emission_is_biased(ch04):
 
 
 def test_ch04_cost_aware_stop_is_lossless_and_stops(ch04):
-    from specdec_utils.stop_head import StopHead
+    from specdec_utils.core.stop_head import StopHead
     target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.01, seed=1)
     torch.manual_seed(0)
@@ -128,13 +128,13 @@ def ch05():
 
 
 def test_ch05_tau2_sweep_variants_run_losslessly(ch05):
-    from specdec_utils import bench
+    from specdec_utils.tools import bench
     variants = ch05.tau2_sweep((0.5, 2.0))
     assert [v.params.get("tau2") for v in variants] == [0.5, 2.0, None, None]
     assert all(v.draft_small == "ngram" for v in variants[:3]) and variants[-1].method == "entropy-stop"
     target = random_model("tiny-llama", seed=0)
     middle = noisy_copy(target, noise=0.01, seed=1)
-    from specdec_utils.ngram import NgramDraft
+    from specdec_utils.core.ngram import NgramDraft
     table = NgramDraft({3: {}, 2: {}}, vocab_size=target.config.vocab_size)
     input_ids = random_prompt(6, 2)
     for variant in variants[:3]:
@@ -162,7 +162,7 @@ def test_ch05_min_agreement_for_gain(ch05):
 
 
 def test_ch05_context_only_ignores_the_table(ch05):
-    from specdec_utils.ngram import NgramDraft
+    from specdec_utils.core.ngram import NgramDraft
     table = NgramDraft.build([([5, 6, 7, 8, 5, 6, 7, 9], 0)], vocab_size=20, min_count=1)
     assert table.lookup([0, 5, 6, 7]) is not None
     lookup_only = ch05.context_only(table)
@@ -176,7 +176,7 @@ def ch06():
 
 
 def test_ch06_sparse_tree_by_scan_matches_the_heap(ch06):
-    from specdec_utils import tree as trees
+    from specdec_utils.core import tree as trees
     acc = [[0.5, 0.2], [0.3, 0.1]]
     assert ch06.sparse_paths_by_scan(acc, 4) == [(0,), (1,), (0, 0), (1, 0)]
     assert trees.expected_accept_length(ch06.sparse_paths_by_scan(acc, 4), acc) == pytest.approx(1.91)
@@ -203,7 +203,7 @@ def test_ch06_head_gap(ch06):
 
 def test_ch07_ancestors_by_lifting_and_bytes():
     import random
-    from specdec_utils.tree import tree_mask
+    from specdec_utils.core.tree import tree_mask
     ch07 = load("ch07")
     rng = random.Random(0)
     chain = torch.arange(256) - 1
@@ -313,7 +313,7 @@ def test_ch01_best_draft_weighs_alpha_against_cost():
 
 def test_ch01_counts_passes_and_two_token_first_draft_pass():
     from conftest import teaching_namespace
-    from specdec_utils.kv_cache import cache_length, trim_cache
+    from specdec_utils.core.kv_cache import cache_length, trim_cache
     ch01 = load("ch01")
     notebook = teaching_namespace("01_greedy_speculative_decoding.ipynb",
                                   {"torch": torch, "forward_uncached": forward_uncached, "trim_cache": trim_cache,

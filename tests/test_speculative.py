@@ -10,7 +10,7 @@ import torch
 
 from specdec_utils.models import UnknownModelError, load_model
 from specdec_utils.prompts import eval_subset, format_prompt
-from specdec_utils.sampling import warp_logits
+from specdec_utils.core.sampling import warp_logits
 from specdec_utils.speculative import autoregressive_generate, speculative_generate
 from conftest import TINY_VOCAB, noisy_copy, random_model, random_prompt
 

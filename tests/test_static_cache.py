@@ -12,11 +12,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdec_utils import generate, static_cache
-from specdec_utils.cuda_graphs import GraphRunner, enable_cuda_graphs
-from specdec_utils.engine import forward_uncached
-from specdec_utils.kv_cache import cache_length, trim_cache
-from specdec_utils.static_cache import PreallocatedLayer, StaticKVCache
+from specdec_utils import generate
+from specdec_utils.core import static_cache
+from specdec_utils.core.cuda_graphs import GraphRunner, enable_cuda_graphs
+from specdec_utils.core.engine import forward_uncached
+from specdec_utils.core.kv_cache import cache_length, trim_cache
+from specdec_utils.core.static_cache import PreallocatedLayer, StaticKVCache
 from conftest import noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -191,7 +192,7 @@ def test_cuda_graphs_refuse_a_cpu_model(pair):
 def test_engine_bench_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    out = subprocess.run([sys.executable, "-m", "specdec_utils.engine_bench"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "specdec_utils.tools.engine_bench"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("engine_bench: needs a CUDA GPU")
 

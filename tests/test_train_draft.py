@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from specdec_utils import train_draft
+from specdec_utils.tools import train_draft
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, tiny_model
 
 V = 64

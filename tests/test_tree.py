@@ -5,12 +5,13 @@ import random
 import pytest
 import torch
 
-from specdec_utils import generate, tree as trees
-from specdec_utils.engine import Sampler
+from specdec_utils import generate
+from specdec_utils.core import tree as trees
+from specdec_utils.core.engine import Sampler
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
-from specdec_utils.medusa import MedusaHeads, capture_hidden, load_heads
+from specdec_utils.core.medusa import MedusaHeads, capture_hidden, load_heads
 from specdec_utils.models import tiny_model
-from specdec_utils import tree_drafting
+from specdec_utils.core import tree_drafting
 
 
 def random_parents(T: int, rng: random.Random, kind: str = "random") -> torch.Tensor:
@@ -311,7 +312,7 @@ def test_shipped_heads_on_the_real_target():
 def test_medusa_schedule_and_training_on_a_tiny_model(tiny):
     """The heads' recipe: warm-up to the peak, cosine to eta_min; its bug (a cosine 15 steps long,
     eta_min 0) leaves the rate at 0. A few steps of `train_heads` lower the distillation loss."""
-    from specdec_utils.train_medusa import lr_at, parse_args, train_heads
+    from specdec_utils.tools.train_medusa import lr_at, parse_args, train_heads
     assert lr_at(0, 1000, 3e-4, 500) == pytest.approx(3e-4 / 500)
     assert lr_at(499, 1000, 3e-4, 500) == pytest.approx(3e-4)
     assert lr_at(999, 1000, 3e-4, 500, 1e-5) == pytest.approx(1e-5, rel=1e-3)

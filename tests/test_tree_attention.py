@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from specdec_utils import generate, tree as trees
-from specdec_utils import tree_attention as ta
+from specdec_utils import generate
+from specdec_utils.core import tree as trees
+from specdec_utils.core import tree_attention as ta
 
 pytestmark = pytest.mark.skipif(not ta.AVAILABLE, reason=ta.WHY or "triton unavailable")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec_utils.bench import ForwardCounter
-from specdec_utils.kv_cache import trim_cache
+from specdec_utils.tools.bench import ForwardCounter
+from specdec_utils.core.kv_cache import trim_cache
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
 from specdec_utils.theory import expected_accepted_length
 
@@ -163,7 +163,8 @@ def speedup_at_length(target, draft, tokenizer, rows: list, max_new_tokens: int,
     tokens: the weights still dominate a step. What changes more is the text: a small model's long
     generations repeat themselves, which a draft predicts well, so tau and the speedup can rise on the
     prompts that loop. Compare the two intervals: overlapping intervals mean no measurable change."""
-    from specdec_utils import bench, report
+    from specdec_utils import report
+    from specdec_utils.tools import bench
     records = bench.run_benchmark(target, draft, tokenizer, rows, ["ar", "greedy"], max_new_tokens, gamma,
                                   temperature=0.0, top_p=1.0, seed=0, dtype_name=str(target.dtype), device=device)
     return report.speedup(records, "greedy"), report.tau(records, "greedy")

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from specdec_utils.exactness import chi_square_p_value
-from specdec_utils.sampling import sample_token, warp_logits
+from specdec_utils.core.sampling import sample_token, warp_logits
 from specdec_utils.theory import expected_accepted_length, expected_speedup
 
 # The notebook's toy next-token distributions (section 1).

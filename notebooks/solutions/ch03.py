@@ -6,8 +6,8 @@ answer is a number, the code computes it: run it on your own measurements and re
 import numpy as np
 import torch
 
-from specdec_utils.engine import RoundStats
-from specdec_utils.policies import DraftingPolicy, HeuristicGamma
+from specdec_utils.core.engine import RoundStats
+from specdec_utils.core.policies import DraftingPolicy, HeuristicGamma
 from specdec_utils.theory import acceptance_by_position, expected_tokens_per_round
 
 

@@ -5,7 +5,7 @@ to look at in your own run (the numbers belong to your machine, so they are comp
 """
 import torch
 
-from specdec_utils.policies import EntropyStop, LearnedStop, min_cost_threshold
+from specdec_utils.core.policies import EntropyStop, LearnedStop, min_cost_threshold
 
 
 ANSWERS = {

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_utils import bench, report, theory
-from specdec_utils.ngram import NgramDraft
+from specdec_utils import report, theory
+from specdec_utils.tools import bench
+from specdec_utils.core.ngram import NgramDraft
 
 REPO = Path(__file__).resolve().parents[2]
 P_TOY = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02])   # notebook 02's toy target

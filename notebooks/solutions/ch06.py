@@ -104,7 +104,7 @@ def committed_head_fall(path: Path | None = None) -> list[float]:
 
 
 if __name__ == "__main__":
-    from specdec_utils import tree as trees
+    from specdec_utils.core import tree as trees
     acc = [[0.5, 0.2], [0.3, 0.1]]
     paths = sparse_paths_by_scan(acc, 4)
     print(f"1. sparse tree {paths}, expected accepted length {trees.expected_accept_length(paths, acc):.2f}")

@@ -65,7 +65,7 @@ def mask_bytes(P: int, T: int) -> int:
 
 
 # 3. A kernel of your own ----------------------------------------------------------------------
-from specdec_utils import tree_attention as ta  # noqa: E402  (imports specdec_utils first: the interpreter switch)
+from specdec_utils.core import tree_attention as ta  # noqa: E402  (imports specdec_utils first: the interpreter switch)
 
 if ta.AVAILABLE:
     import triton
@@ -108,7 +108,7 @@ def one_tile_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
 def answers() -> list[str]:
     """The numbers behind the answers above, computed."""
     import random
-    from specdec_utils.tree import depths
+    from specdec_utils.core.tree import depths
     rng = random.Random(0)
     medusa_like = torch.tensor([-1] + [rng.randrange(max(-1, i - 8), i) for i in range(1, 256)])
     chain = torch.arange(256) - 1

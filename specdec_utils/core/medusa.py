@@ -28,7 +28,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .models import MODELS_DIR
+from ..models import MODELS_DIR
 
 HEADS_NAME = "medusa-heads"
 
@@ -138,7 +138,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
         path = MODELS_DIR / str(name_or_path)
     if not (path / "heads.safetensors").exists():
         raise ValueError(f"no Medusa heads at {name_or_path} (a folder with heads.safetensors and config.json, or a "
-                         f"name under {MODELS_DIR}); train them with python -m specdec_utils.train_medusa")
+                         f"name under {MODELS_DIR}); train them with python -m specdec_utils.tools.train_medusa")
     config = json.loads((path / "config.json").read_text())
     hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
     if config["hidden_size"] != hidden or config.get("target_vocab_size", vocab) != vocab:

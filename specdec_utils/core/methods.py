@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import inspect
 
-from . import hierarchy, policies, tree_drafting
+from . import hierarchy
+
+from . import policies
+
+from . import tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 
 POLICIES = {
@@ -46,7 +50,7 @@ def make_proposer(what: str, draft, draft_small, hierarchical: bool = False, kin
     (hierarchical) `draft_small` under `draft`, or (kind "medusa" / "draft-tree") a tree proposer."""
     if kind == "medusa":
         if not isinstance(heads, tree_drafting.MedusaHeads):
-            raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.medusa.load_heads('medusa-heads', "
+            raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.core.medusa.load_heads('medusa-heads', "
                              f"target)), got {type(heads).__name__}")
         if heads.target is not target:
             raise ValueError(f"{what}: these heads are attached to another target object; load them for this one: "
@@ -65,7 +69,7 @@ def make_proposer(what: str, draft, draft_small, hierarchical: bool = False, kin
         raise ValueError(f"{what} needs draft_small=... (M1, the fastest level: a draft model or an n-gram "
                          f"table) under draft=... (M2)")
     if not (isinstance(draft_small, hierarchy.NgramDraft) or callable(draft_small)):
-        raise ValueError(f"draft_small must be a model or an n-gram table (specdec_utils.ngram.NgramDraft), got "
+        raise ValueError(f"draft_small must be a model or an n-gram table (specdec_utils.core.ngram.NgramDraft), got "
                          f"{type(draft_small).__name__} {draft_small!r:.60}")
     small_vocab, middle_vocab = _output_vocab(draft_small), _output_vocab(draft)
     if None not in (small_vocab, middle_vocab) and small_vocab != middle_vocab:

@@ -5,8 +5,8 @@ KL), read from the same target forward that supplies the hidden states: no label
 Recipe: AdamW, peak lr 3e-4 after 500 linear warm-up steps, cosine to 1e-5, gradient
 clip 1.0, bf16 autocast on CUDA.
 
-    python -m specdec_utils.train_medusa --device cuda                 # the shipped heads (H100)
-    python -m specdec_utils.train_medusa --device cpu --sequences 32 --new-tokens 32 --steps 20 \
+    python -m specdec_utils.tools.train_medusa --device cuda                 # the shipped heads (H100)
+    python -m specdec_utils.tools.train_medusa --device cpu --sequences 32 --new-tokens 32 --steps 20 \
         --out /tmp/heads                                               # a CPU smoke run
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
-from .models import MODELS_DIR
-from .prompts import build_prompts, format_prompt
+from ..core.medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
+from ..models import MODELS_DIR
+from ..prompts import build_prompts, format_prompt
 from .train_draft import _batch, frozen_target, greedy_continuations, load_or_write_corpus
-from .utils import progress, seed_everything
+from ..utils import progress, seed_everything
 
 
 def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
@@ -179,7 +179,7 @@ def main(argv=None):
     print("trained:", json.dumps(final), flush=True)
     measure_ranks(heads, target, tokenizer, args, dtype)
     heads.save(args.out)
-    command = "python -m specdec_utils.train_medusa " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m specdec_utils.tools.train_medusa " + " ".join(sys.argv[1:] if argv is None else argv)
     record = {"name": args.out.name, "command": command, "num_heads": args.num_heads,
               "parameters": sum(p.numel() for p in heads.blocks.parameters()),
               "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,

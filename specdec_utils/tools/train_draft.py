@@ -7,10 +7,10 @@ target's full next-token distribution on that text (forward KL, Sec. 4 of Distil
 reduced vocabulary: the `vocab_size` tokens the target writes most often, plus one slot for all
 others (see `models.ReducedVocabLlamaForCausalLM`).
 
-    python -m specdec_utils.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
-    python -m specdec_utils.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
+    python -m specdec_utils.tools.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
+    python -m specdec_utils.tools.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
         --new-tokens 32 --out /tmp/drafts                                        # a CPU smoke run
-    python -m specdec_utils.train_draft --names ngram --device cpu --dtype bfloat16 \
+    python -m specdec_utils.tools.train_draft --names ngram --device cpu --dtype bfloat16 \
         --corpus corpus.pt                                                       # notebook 05's n-gram table
 
 `ngram` is not trained but counted: `ngram.NgramDraft.build` over the same target-written corpus
@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from .models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
-from .ngram import NgramDraft
-from .prompts import build_prompts, format_prompt
-from .utils import progress, seed_everything
+from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
+from ..core.ngram import NgramDraft
+from ..prompts import build_prompts, format_prompt
+from ..utils import progress, seed_everything
 
 DRAFT_SHAPES = {
     "draft-s": dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
@@ -428,7 +428,7 @@ def main(argv=None):
     corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)
     if args.corpus_only:
         return 0
-    command = "python -m specdec_utils.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m specdec_utils.tools.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
     if NGRAM_NAME in args.names:
         build_ngram(target, tokenizer, corpus, args, command)
         args.names = [n for n in args.names if n != NGRAM_NAME]

@@ -1,8 +1,8 @@
 """README's result tables, rendered from the committed JSON (never typed).
 
-    python -m specdec_utils.readme_tables            # print every table
-    python -m specdec_utils.readme_tables --write    # rewrite README.md's result blocks in place
-    python -m specdec_utils.readme_tables --check    # exit 1 if README.md's blocks differ from the JSON
+    python -m specdec_utils.tools.readme_tables            # print every table
+    python -m specdec_utils.tools.readme_tables --write    # rewrite README.md's result blocks in place
+    python -m specdec_utils.tools.readme_tables --check    # exit 1 if README.md's blocks differ from the JSON
 
 A block in README.md sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything between
 the two markers is this module's output for NAME. Speedups are against `ar` measured in the same run, with
@@ -17,8 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from . import report
-from .utils import REPO_ROOT
+from .. import report
+from ..utils import REPO_ROOT
 
 BENCH = REPO_ROOT / "data" / "bench"
 MODELS = REPO_ROOT / "data" / "models"
@@ -328,7 +328,7 @@ def rewrite(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.readme_tables", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.readme_tables", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite README.md's result blocks")
     mode.add_argument("--check", action="store_true", help="exit 1 when README.md's blocks differ from the JSON")
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
         stale = [m.group("name") for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
         if stale:
             print(f"README.md's result blocks differ from the committed JSON: {', '.join(stale)} "
-                  f"(run python -m specdec_utils.readme_tables --write)", file=sys.stderr)
+                  f"(run python -m specdec_utils.tools.readme_tables --write)", file=sys.stderr)
             return 1
         print(f"README.md's {len(BLOCK.findall(text))} result blocks match the committed JSON")
         return 0

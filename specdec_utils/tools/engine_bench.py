@@ -1,4 +1,4 @@
-"""The GPU engine benchmark of notebook 08: `python -m specdec_utils.engine_bench [--out FILE]` (GPU only).
+"""The GPU engine benchmark of notebook 08: `python -m specdec_utils.tools.engine_bench [--out FILE]` (GPU only).
 
 On the held-out prompts (one per category), greedy, `--max-new-tokens` tokens each:
 1. float32 identity: the target alone and greedy speculative decoding with each draft, on
@@ -20,10 +20,14 @@ from contextlib import contextmanager
 import torch
 import transformers
 
-from . import engine, generate, get_preset, load_model, static_cache
-from .cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
-from .prompts import eval_subset, format_prompt
-from .utils import REPO_ROOT
+from .. import generate, get_preset, load_model
+
+from ..core import engine
+
+from ..core import static_cache
+from ..core.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+from ..prompts import eval_subset, format_prompt
+from ..utils import REPO_ROOT
 
 
 def main(argv=None):

@@ -16,8 +16,10 @@ the prefix tiles run FlashAttention's online softmax with no mask at all, and a 
 kernel merges the slices. `reference` (SDPA with the boolean mask) is the oracle; `tiled_reference`
 is the same algorithm in PyTorch, for reading. `register` / `use_backend` make the kernels a
 transformers attention backend for tree passes. Without triton (macOS has no wheels) the module
-still imports; `AVAILABLE` is False and `WHY` says why. Without a GPU the package switches Triton
-to its CPU interpreter (slow: tests and toy sizes), which is how CI tests the kernels.
+still imports; `AVAILABLE` is False and `WHY` says why. Without a GPU, importing this module (and only
+this one: the rest of the package has no import-time side effects) switches Triton to its CPU
+interpreter (`TRITON_INTERPRET=1`, which Triton reads when a kernel is decorated, unless you set it
+yourself): slow, for tests and toy sizes, which is how CI tests the kernels.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import os
 
 import torch
 
-from . import TRITON_IMPORTED_TOO_EARLY  # the package switched Triton to its CPU interpreter if no GPU
+if not torch.cuda.is_available():  # Triton 3.x reads it when a kernel is decorated (below), not at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import triton
@@ -37,10 +40,6 @@ except Exception as err:  # ImportError on macOS, or a broken install
     AVAILABLE = False
     WHY = (f"triton is not available here ({type(err).__name__}: {err}); the kernels need it (Linux wheels on "
            f"PyPI); the notebook shows the committed GPU results instead")
-if AVAILABLE and TRITON_IMPORTED_TOO_EARLY:
-    AVAILABLE = False
-    WHY = ("triton was imported before specdec_utils could switch it to its CPU interpreter (no GPU here): restart "
-           "the kernel and import specdec_utils first, or set TRITON_INTERPRET=1 before starting Python")
 
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,4 +1,4 @@
-"""The H100 benchmark of notebook 07: `python -m specdec_utils.tree_attention_bench [--out FILE]` (GPU only).
+"""The H100 benchmark of notebook 07: `python -m specdec_utils.tools.tree_attention_bench [--out FILE]` (GPU only).
 
 1. the kernel grid: P in {128, 512, 1024, 2048} x T in {16, 64, 256}, bf16, SmolLM2-135M's heads (9 on 3
    KV heads, head_dim 64): SDPA with the bool mask, SDPA without a mask (the floor), FlexAttention with a
@@ -20,11 +20,15 @@ import torch
 
 import transformers
 
-from . import generate, get_preset, load_model, tree as trees, tree_attention as ta
-from .kv_cache import trim_cache
-from .medusa import load_heads
-from .prompts import eval_subset, format_prompt
-from .utils import REPO_ROOT
+from .. import generate, get_preset, load_model
+
+from ..core import tree as trees
+
+from ..core import tree_attention as ta
+from ..core.kv_cache import trim_cache
+from ..core.medusa import load_heads
+from ..prompts import eval_subset, format_prompt
+from ..utils import REPO_ROOT
 
 dev = "cuda"  # GPU only: main() refuses without one
 

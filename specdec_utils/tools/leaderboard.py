@@ -1,7 +1,7 @@
 """The leaderboard (notebook 09): every method side by side, per device, dtype and mode, Spec-Bench style.
 
-    python -m specdec_utils.leaderboard                  # render the committed results
-    python -m specdec_utils.leaderboard --run --dtype bfloat16 [--cuda-graphs] [--temperature 1.0]
+    python -m specdec_utils.tools.leaderboard                  # render the committed results
+    python -m specdec_utils.tools.leaderboard --run --dtype bfloat16 [--cuda-graphs] [--temperature 1.0]
                                                          # measure on this machine first (the bench CLI), then render
 
 Results are the bench CLI's JSON (`python -m specdec_utils.bench`), one file per setting, named
@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import report
-from .utils import REPO_ROOT
+from .. import report
+from ..utils import REPO_ROOT
 
 BENCH_DIR = REPO_ROOT / "data" / "bench"
 GREEDY_METHODS = ("ar,greedy,adaptive-hf,adaptive-dual,entropy-stop,confidence-stop,adaedl,learned-stop,"
@@ -166,7 +166,7 @@ def result_name(device, dtype: str, graphed: bool, sampled: bool) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.leaderboard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.leaderboard", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="result files (default: the committed data/bench/leaderboard_*.json)")
     parser.add_argument("--run", action="store_true", help="measure on this machine first, with the bench CLI")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -182,12 +182,12 @@ def main(argv=None) -> int:
         files = list(args.files)
         if args.run:
             from . import bench
-            from .utils import get_device
+            from ..utils import get_device
             device = get_device()
             sampled = args.temperature > 0
             out = BENCH_DIR / result_name(device, args.dtype, args.cuda_graphs, sampled)
             import tempfile
-            from .prompts import eval_subset
+            from ..prompts import eval_subset
             with tempfile.TemporaryDirectory() as folder:
                 prompts = Path(folder) / "prompts.jsonl"
                 prompts.write_text("".join(json.dumps(row) + "\n" for row in eval_subset(args.per_category)))

@@ -9,7 +9,7 @@ text the target wrote itself, with those exact acceptance probabilities as soft 
 entropy), in a few minutes on a CPU. `policies.LearnedStop` multiplies its predictions along a round
 and stops when the predicted probability that the round has already failed exceeds a threshold.
 
-    python -m specdec_utils.stop_head --draft draft-m --out data/models/draft-m   # the shipped heads
+    python -m specdec_utils.core.stop_head --draft draft-m --out data/models/draft-m   # the shipped heads
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .utils import progress, seed_everything
+from ..utils import progress, seed_everything
 
 HEAD_FILE = "stop_head.pt"
 LOG_FILE = "stop_head_log.json"
@@ -84,7 +84,7 @@ def resolve_head(head, draft) -> StopHead:
         head = folder / HEAD_FILE
         if not head.exists():
             raise ValueError(f"method 'learned-stop' needs a stop head for this draft; none at {head}. "
-                             f"Train one: python -m specdec_utils.stop_head --draft NAME --out FOLDER, "
+                             f"Train one: python -m specdec_utils.core.stop_head --draft NAME --out FOLDER, "
                              f"then pass params={{'head': path}}")
     path = Path(head)
     if not path.exists():
@@ -173,9 +173,9 @@ def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import MODELS_DIR, UnknownModelError, load_model
-    from .train_draft import generate_corpus
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.stop_head", description=__doc__.split("\n\n")[0])
+    from ..models import MODELS_DIR, UnknownModelError, load_model
+    from ..tools.train_draft import generate_corpus
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.core.stop_head", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafts", default="draft-s,draft-m", help="comma-separated (default: %(default)s)")
     parser.add_argument("--sequences", type=int, default=384, help="target-written sequences (default: %(default)s)")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / name
         folder.mkdir(parents=True, exist_ok=True)
         head.save(folder)
-        log.update({"command": "python -m specdec_utils.stop_head " + " ".join(sys.argv[1:] if argv is None else argv),
+        log.update({"command": "python -m specdec_utils.core.stop_head " + " ".join(sys.argv[1:] if argv is None else argv),
                     "target": args.target, "draft": name, "sequences": len(corpus), "positions": len(features),
                     "device": args.device, "corpus_seconds": round(corpus_s, 1),
                     "seconds": round(time.time() - start, 1)})
