@@ -14,7 +14,9 @@ exactly as it would change a transformer's.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Mapping
 from types import SimpleNamespace
 
 import torch
@@ -85,33 +87,111 @@ def sample_outputs(run, trials: int, seed: int = 0) -> Counter:
     return Counter(tuple(run(generator)) for _ in range(trials))
 
 
-def chi_square_p_value(counts: Counter, probs: dict, min_expected: float = 5.0) -> float:
-    """Pearson goodness-of-fit p-value of observed `counts` against `probs` (both keyed by outcome).
-    Outcomes expected fewer than `min_expected` times are pooled into one cell; an outcome of
-    probability 0 that was observed gives 0.0."""
-    if any(key not in probs for key in counts):
+def _as_mapping(values) -> Mapping:
+    """A Counter or dict as it is; a 1-D tensor, array or list as {index: value} (a bincount, a
+    probability row)."""
+    if isinstance(values, Mapping):
+        return values
+    return dict(enumerate(torch.as_tensor(values).flatten().tolist()))
+
+
+def _cells(probs: list[float], total: float, min_expected: float) -> list[int]:
+    """Pearson's cells: each outcome expected at least `min_expected` times keeps a cell of its own;
+    the others share one pooled cell, the last index."""
+    alone = [p * total >= min_expected for p in probs]
+    pooled = sum(alone)
+    index, cells = 0, []
+    for own in alone:
+        cells.append(index if own else pooled)
+        index += own
+    return cells
+
+
+def chi_square_p_value(counts, probs, min_expected: float = 5.0) -> float:
+    """Pearson goodness-of-fit p-value of observed `counts` against the distribution `probs`: both
+    keyed by outcome (a Counter and a dict), or both 1-D tensors over token ids (a bincount and a
+    probability row). Outcomes expected fewer than `min_expected` times are pooled into one cell;
+    an observed outcome of probability 0 gives 0.0 (impossible under `probs`); a single cell gives 1.0
+    (nothing to test). The chi-square upper tail is the regularized upper incomplete gamma function."""
+    counts, probs = _as_mapping(counts), _as_mapping(probs)
+    if any(n > 0 and probs.get(key, 0.0) <= 0 for key, n in counts.items()):
         return 0.0
     total = sum(counts.values())
-    observed, expected, pooled_observed, pooled_expected = [], [], 0, 0.0
-    for key, p in probs.items():
-        if p * total >= min_expected:
-            observed.append(counts.get(key, 0))
-            expected.append(p * total)
-        else:
-            pooled_observed += counts.get(key, 0)
-            pooled_expected += p * total
-    if pooled_expected > 0:
-        observed.append(pooled_observed)
-        expected.append(pooled_expected)
-    observed_t = torch.tensor(observed, dtype=torch.float64)
-    expected_t = torch.tensor(expected, dtype=torch.float64)
+    keys = list(probs)
+    cells = _cells([probs[key] for key in keys], total, min_expected)
+    observed, expected = [0.0] * (max(cells, default=0) + 1), [0.0] * (max(cells, default=0) + 1)
+    for key, cell in zip(keys, cells):
+        observed[cell] += counts.get(key, 0)
+        expected[cell] += probs[key] * total
+    kept = [(o, e) for o, e in zip(observed, expected) if e > 0]
+    if len(kept) < 2:
+        return 1.0
+    observed_t, expected_t = torch.tensor(kept, dtype=torch.float64).T
     statistic = ((observed_t - expected_t) ** 2 / expected_t).sum()
-    degrees = torch.tensor(len(observed) - 1.0, dtype=torch.float64)
+    degrees = torch.tensor(len(kept) - 1.0, dtype=torch.float64)
     return torch.special.gammaincc(degrees / 2, statistic / 2).item()
 
 
-def total_variation(counts: Counter, probs: dict) -> float:
-    """Total-variation distance between the empirical distribution of `counts` and `probs`."""
-    total = sum(counts.values())
-    keys = set(counts) | set(probs)
-    return 0.5 * sum(abs(counts.get(k, 0) / total - probs.get(k, 0.0)) for k in keys)
+def total_variation(a, b) -> float:
+    """Total-variation distance between two distributions, each given as counts or probabilities
+    (a Counter or dict keyed by outcome, or a 1-D tensor over token ids); each is normalized by its
+    own total, so `total_variation(counts, probs)` compares the empirical distribution with `probs`."""
+    a, b = _as_mapping(a), _as_mapping(b)
+    total_a, total_b = sum(a.values()), sum(b.values())
+    return 0.5 * sum(abs(a.get(k, 0) / total_a - b.get(k, 0) / total_b) for k in set(a) | set(b))
+
+
+def min_detectable_tv(probs, trials: int, alpha: float = 1e-3, power: float = 0.9, share: float = 0.5,
+                      simulations: int = 400, seed: int = 0, min_expected: float = 5.0) -> float:
+    """The smallest bias, in total variation, that `chi_square_p_value` (with its pooling) detects at
+    level `alpha` with probability `power` from `trials` samples of a method whose output should
+    follow `probs` (a dict or tensor as in `chi_square_p_value`; an int n means uniform over n outcomes).
+    Estimated by simulation: `simulations` multinomial samples of the biased distribution per
+    candidate bias, bisection on the bias (to 0.001).
+
+    The bias moves mass delta from the outcomes outside A, proportionally, to those in A, proportionally:
+    q = p + delta * (p 1_A / P(A) - p 1_B / P(B)), so TV(p, q) = delta. A holds the most likely outcomes
+    up to a `share` of the mass. The Pearson statistic's noncentrality is then
+    trials * delta^2 * (1/P(A) + 1/P(B)), and by Cauchy-Schwarz no bias of the same TV has less:
+    with `share` = 0.5 (the default) this is the worst direction, so the result bounds every bias
+    (up to pooling and the chi-square approximation). A smaller `share` gives the smaller TV of a bias
+    concentrated on the likeliest outcomes. Returns inf when even the largest such bias is missed."""
+    if isinstance(probs, int):
+        probs = [1.0 / probs] * probs
+    p = torch.tensor(list(_as_mapping(probs).values()), dtype=torch.float64)
+    p = p[p > 0]
+    order = p.argsort(descending=True)
+    p = p[order]
+    in_a = (p.cumsum(0) - p) < share  # the likeliest outcomes, up to `share` of the mass
+    mass_a = p[in_a].sum()
+    mass_b = 1.0 - mass_a
+    if mass_b <= 0:
+        return math.inf
+    cells = torch.tensor(_cells(p.tolist(), trials, min_expected))
+    n_cells = int(cells.max()) + 1
+    expected = torch.zeros(n_cells, dtype=torch.float64).index_add_(0, cells, p * trials)
+    keep = expected > 0
+    degrees = torch.tensor(keep.sum().item() - 1.0, dtype=torch.float64)
+    if degrees < 1:
+        return math.inf
+    direction = torch.where(in_a, p / mass_a, -p / mass_b)
+
+    def detected(delta: float) -> float:
+        q = (p + delta * direction).clamp(min=0)
+        generator = torch.Generator().manual_seed(seed)
+        draws = torch.multinomial(q.float().expand(simulations, -1), trials, replacement=True, generator=generator)
+        counts = torch.zeros(simulations, len(p), dtype=torch.float64).scatter_add_(
+            1, draws, torch.ones_like(draws, dtype=torch.float64))
+        observed = torch.zeros(simulations, n_cells, dtype=torch.float64).index_add_(1, cells, counts)
+        statistic = ((observed[:, keep] - expected[keep]) ** 2 / expected[keep]).sum(1)
+        p_values = torch.special.gammaincc(degrees / 2, statistic / 2)
+        return (p_values < alpha).double().mean().item()
+
+    high = float(mass_b)
+    if detected(high) < power:
+        return math.inf
+    low = 0.0
+    while high - low > 0.001:
+        middle = (low + high) / 2
+        low, high = (low, middle) if detected(middle) >= power else (middle, high)
+    return round(high, 3)

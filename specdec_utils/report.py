@@ -8,6 +8,7 @@ words cannot contradict the figures (the habit of Jupyter Book's `glue` and R Ma
 
     STAMP = report.stamp(DEVICE)                        # first output of every notebook
     ratio = report.speedup(records, "greedy")           # paired bootstrap over prompts
+    rows = report.summarize(records)                    # per method: tokens/s, speedup, tau, waste, ...
     report.say(f"Greedy speculative decoding is {report.verdict(ratio)}: {ratio:x}.")
     report.show_table(rows, columns)                    # a markdown table from dicts
     report.committed("data/bench/x.json")               # a committed run, device named
@@ -190,6 +191,62 @@ def bootstrap(items: list, statistic, *, resamples: int = 2000, level: float = 0
                     f"{level:.0%} bootstrap interval over {len(items)} items")
 
 
+# --------------------------------------------------------------------------- aggregating bench records
+# Bench records (`python -m specdec_utils.bench`, `bench.run_benchmark`) hold one prompt and one method each.
+# Every number the course reports over them is pooled here, once: totals over the records first, then the ratio
+# (total tokens / total seconds, not a mean of per-prompt rates). The bench CLI's table, the leaderboard, README's
+# tables and the bootstrap statistics below all call these.
+def select(records: list[dict], method: str | None = None, category: str | None = None) -> list[dict]:
+    """The records of `method` (every method when None), of `category` only when given."""
+    return [r for r in records if method in (None, r["method"]) and category in (None, r.get("category"))]
+
+
+def by_method(records: list[dict], category: str | None = None) -> dict[str, list[dict]]:
+    """Each method's records (in the run's order of methods), of `category` only when given."""
+    groups: dict[str, list[dict]] = {}
+    for r in select(records, category=category):
+        groups.setdefault(r["method"], []).append(r)
+    return groups
+
+
+def tokens_per_second(records: list[dict]) -> float:
+    """Total new tokens / total wall seconds of these records."""
+    return sum(r["new_tokens"] for r in records) / sum(r["wall_s"] for r in records)
+
+
+def tokens_per_target_call(records: list[dict]) -> float | None:
+    """tau: total new tokens / total target forward passes; None when a record does not count them."""
+    if not all("target_calls" in r for r in records):
+        return None
+    return sum(r["new_tokens"] for r in records) / sum(r["target_calls"] for r in records)
+
+
+def _drafted_known(records: list[dict]) -> bool:
+    return all(r.get("drafted", -1) >= 0 for r in records)  # -1: the method does not report it
+
+
+def waste_per_token(records: list[dict]) -> float | None:
+    """Rejected draft tokens per output token, sum(drafted - accepted) / sum(new tokens); None when a record
+    does not say what it drafted (`drafted` -1, e.g. Hugging Face's prompt lookup). 0 for `ar`."""
+    if not _drafted_known(records):
+        return None
+    return sum(r["drafted"] - r["accepted"] for r in records) / sum(r["new_tokens"] for r in records)
+
+
+def acceptance_rate(records: list[dict]) -> float | None:
+    """Accepted / drafted draft tokens; None when unknown or when nothing was drafted."""
+    if not _drafted_known(records) or not sum(r["drafted"] for r in records):
+        return None
+    return sum(r["accepted"] for r in records) / sum(r["drafted"] for r in records)
+
+
+def draft_calls_per_token(records: list[dict]) -> float | None:
+    """Draft forward passes per output token; None when a record does not count them."""
+    if not all("draft_calls" in r for r in records):
+        return None
+    return sum(r["draft_calls"] for r in records) / sum(r["new_tokens"] for r in records)
+
+
 def _per_prompt(records: list[dict], method: str) -> dict:
     chosen = {}
     for r in records:
@@ -210,10 +267,8 @@ def speedup(records: list[dict], method: str, baseline: str = "ar", *, resamples
         raise ValueError(f"{method!r} and {baseline!r} share no prompt: a speedup needs both on the same prompts")
 
     def ratio(sample):
-        def rate(group):
-            rs = [r for p in sample for r in group[p]]
-            return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
-        return rate(mine) / rate(base)
+        return (tokens_per_second([r for p in sample for r in mine[p]])
+                / tokens_per_second([r for p in sample for r in base[p]]))
     return bootstrap(prompts, ratio, resamples=resamples)
 
 
@@ -222,8 +277,7 @@ def tau(records: list[dict], method: str, *, resamples: int = 2000) -> Estimate:
     mine = _per_prompt(records, method)
 
     def value(sample):
-        rs = [r for p in sample for r in mine[p]]
-        return sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
+        return tokens_per_target_call([r for p in sample for r in mine[p]])
     return bootstrap(list(mine), value, resamples=resamples)
 
 
@@ -272,6 +326,42 @@ def ranking(estimates: dict) -> str:
         apart = all(compare(estimates[a], estimates[b]) != TIE for a in upper for b in lower)
         text += (" > " if apart else " ≥ ") + " = ".join(f"`{m}`" for m in lower)
     return text
+
+
+def summarize(records: list[dict], baseline: str = "ar", *, methods=None, intervals: bool = True) -> list[dict]:
+    """One row per method (`methods`, default every method in the run's order), pooled over its records:
+
+    - `tok_per_s`, `tau`, `acceptance`, `waste`, `draft_calls_per_token` (None where the records do not say);
+    - `speedup`: tokens/s over `baseline`'s in the same run (the point value; None without a baseline);
+    - `speedup_ci`: the same ratio as an `Estimate` with its paired bootstrap interval over prompts (`speedup`),
+      and `verdict`, the word it earns (`verdict`); '-' and a point interval for the baseline itself.
+      `intervals=False` skips the bootstrap (both None), for a quick table;
+    - `by_category`: the speedup per prompt category (None where the method or the baseline has no record)."""
+    groups = by_method(records)
+    base = groups.get(baseline)
+    categories = list(dict.fromkeys(r.get("category") for r in records))
+    per_category = {c: by_method(records, c) for c in categories}
+    rows = []
+    for method in methods or groups:
+        if method not in groups:
+            raise ValueError(f"no records of method {method!r}; methods present: {', '.join(groups)}")
+        mine = groups[method]
+        rate = tokens_per_second(mine)
+        row = {"method": method, "tok_per_s": rate, "speedup": rate / tokens_per_second(base) if base else None,
+               "speedup_ci": None, "verdict": "-", "tau": tokens_per_target_call(mine),
+               "acceptance": acceptance_rate(mine), "waste": waste_per_token(mine),
+               "draft_calls_per_token": draft_calls_per_token(mine), "by_category": {}}
+        if intervals:  # `speedup` says so when the run lacks the baseline
+            if method == baseline:
+                row["speedup_ci"] = Estimate(1.0, 1.0, 1.0, "baseline")
+            else:
+                row["speedup_ci"] = speedup(records, method, baseline)
+                row["verdict"] = verdict(row["speedup_ci"])
+        if base:
+            row["by_category"] = {c: tokens_per_second(g[method]) / tokens_per_second(g[baseline])
+                                  if method in g and baseline in g else None for c, g in per_category.items()}
+        rows.append(row)
+    return rows
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -352,17 +442,15 @@ def describe(records) -> str:
 def speedup_rows(records: list[dict], baseline: str = "ar", methods=None) -> list[dict]:
     """One row per method: tokens/s, speedup over `baseline` with its bootstrap interval, the verdict word,
     and tau: the table every benchmark in the course reports."""
-    methods = methods or list(dict.fromkeys(r["method"] for r in records))
     rows = []
-    for method in methods:
-        rs = [r for r in records if r["method"] == method]
-        row = {"method": f"`{method}`", "tokens/s": sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)}
+    for summary in summarize(records, baseline, methods=methods):
+        method = summary["method"]
+        row = {"method": f"`{method}`", "tokens/s": summary["tok_per_s"]}
         if method == baseline:
             row.update({"speedup": "1 (baseline)", "verdict": "-"})
         else:
-            s = speedup(records, method, baseline)
-            row.update({"speedup": f"{s:.2fx}", "verdict": verdict(s)})
-        if all("target_calls" in r for r in rs) and method != baseline:
+            row.update({"speedup": f"{summary['speedup_ci']:.2fx}", "verdict": summary["verdict"]})
+        if summary["tau"] is not None and method != baseline:
             row["tau"] = f"{tau(records, method):.2f}"
         rows.append(row)
     return rows

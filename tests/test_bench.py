@@ -65,7 +65,7 @@ def run_main(capsys, argv):
     (["--param", "tau=2"], "argument --param: must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got 'tau=2'"),
     (["--param", "entropy.tau=2"], "argument --param: unknown method 'entropy' in 'entropy.tau=2'; allowed: ar,"),
     (["--param", "entropy-stop.tua=2"], "argument --param: unknown parameter 'tua' for method 'entropy-stop'; "
-                                        "allowed: tau, tau0, max_gamma"),
+                                        "allowed: tau, tau0"),
     (["--param", "greedy.tau=2"], "argument --param: unknown parameter 'tau' for method 'greedy'; allowed: none"),
     (["--param", "adaedl.lam0=0.5"], "argument --param: method 'adaedl' is not in --methods"),
     (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"],
@@ -225,6 +225,23 @@ def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
         assert by_key[prompt_id, "medusa"]["heads"] == "heads (0 steps)"
 
 
+def test_summary_table_renders_the_shared_aggregation():
+    records = [{"id": p, "method": m, "new_tokens": 10, "wall_s": w, "target_calls": t, "draft_calls": d,
+                "drafted": dr, "accepted": a}
+               for p, m, w, t, d, dr, a in [("p1", "ar", 1.0, 10, 0, 0, 0), ("p2", "ar", 1.0, 10, 0, 0, 0),
+                                            ("p1", "greedy", 0.5, 4, 12, 12, 6), ("p2", "greedy", 0.5, 5, 16, 16, 5),
+                                            ("p1", "hf-prompt-lookup", 0.5, 5, 0, -1, -1),
+                                            ("p2", "hf-prompt-lookup", 0.5, 5, 0, -1, -1)]]
+    assert bench.tokens_per_second(records) == {"ar": 10.0, "greedy": 20.0, "hf-prompt-lookup": 20.0}
+    lines = bench.summary_table(records).splitlines()
+    assert lines[0].split() == ["method", "tokens/s", "tokens/target", "call", "acceptance", "wasted/token", "draft",
+                                "calls/token", "speedup", "vs", "ar"]
+    assert lines[1].split() == ["ar", "10.0", "1.00", "-", "0.00", "0.00", "1.00x"]
+    assert lines[2].split() == ["greedy", "20.0", "2.22", "0.39", "0.85", "1.40", "2.00x"]
+    assert lines[3].split() == ["hf-prompt-lookup", "20.0", "2.00", "-", "-", "0.00", "2.00x"]
+    assert bench.summary_table(records[2:]).splitlines()[1].split()[-1] == "-"  # no `ar`: no speedup
+
+
 def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
     """Hugging Face would take our reduced-vocabulary draft for another tokenizer; the bench shows
     it the full vocabulary size during the call, and greedy output then equals greedy decoding."""
@@ -238,8 +255,8 @@ def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
     input_ids = torch.tensor([[5, 80, 13, 200, 7]])
     settings = {"gamma": 3, "top_p": 1.0, "seed": 0, "eos_token_id": 2, "pad_token_id": 2}
     expected = autoregressive_generate(target, input_ids, 12, eos_token_id=2).new_token_ids
-    result = bench.generate("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
+    result = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
     assert result.new_token_ids == expected
-    sampled = bench.generate("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
+    sampled = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
     assert 1 <= len(sampled.new_token_ids) <= 12
     assert draft.config.vocab_size == 65  # restored after the call

@@ -332,14 +332,14 @@ def test_heuristic_gamma_is_plus_two_after_a_full_round_else_minus_one():
 
 
 def test_dual_signal_gamma():
-    policy = policies.DualSignalGamma(4, entropy_threshold=1.0, max_gamma=5)
+    policy = policies.DualSignalGamma(5, start=4, entropy_threshold=1.0)
     policy.round_gamma()
     policy.entropies = [0.5, 0.5, 0.5, 0.5]
     policy.observe(stats(4, 4, 4))            # acceptance 1.0 > 0.8: +1
     assert policy.gamma == 5
     policy.round_gamma()
     policy.entropies = [0.1] * 5
-    policy.observe(stats(5, 5, 5))            # capped at max_gamma
+    policy.observe(stats(5, 5, 5))            # capped at gamma
     assert policy.gamma == 5
     policy.round_gamma()
     policy.entropies = [3.0] * 5
@@ -397,7 +397,7 @@ def test_confidence_stop_collects_judged_tokens_only():
 
 
 def test_adaedl_bound_and_threshold_update():
-    policy = policies.AdaEDL(lam0=0.5, max_gamma=4)
+    policy = policies.AdaEDL(4, lam0=0.5)
     step = type("Step", (), {"position": 1, "entropy": 1.0})()
     assert policy.stop_before(step) == (1 - math.sqrt(0.2) < 0.5)
     step.position = 0
@@ -464,5 +464,5 @@ def test_ar_ignores_arguments_it_does_not_use(models):
 
 
 def test_policy_parameters_are_listed():
-    assert policy_parameters("entropy-stop") == ["tau", "tau0", "max_gamma"]
+    assert policy_parameters("entropy-stop") == ["tau", "tau0"]
     assert policy_parameters("greedy") == []

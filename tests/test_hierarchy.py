@@ -55,8 +55,8 @@ def tiny():
 
 
 @pytest.mark.parametrize("method", ["hierarchical", "hierarchical-noloop"])
-@pytest.mark.parametrize("params", [{}, {"tau1": 50.0, "tau2": 50.0, "max_small": 3, "max_gamma": 7},
-                                    {"max_small": 0, "max_gamma": 1}])
+@pytest.mark.parametrize("params", [{}, {"tau1": 50.0, "tau2": 50.0, "max_small": 3, "gamma": 7},
+                                    {"max_small": 0, "gamma": 1}])
 def test_greedy_with_an_ngram_bottom_level_equals_the_target_alone(tiny, method, params):
     target, middle, prompts, table = tiny
     sources = set()
@@ -64,7 +64,7 @@ def test_greedy_with_an_ngram_bottom_level_equals_the_target_alone(tiny, method,
         for max_new_tokens in (1, 9, 30):
             plain = generate(target, input_ids, max_new_tokens, method="ar")
             result = generate(target, input_ids, max_new_tokens, method=method, draft=middle, draft_small=table,
-                              params=params)
+                              gamma=params.get("gamma"), params={k: v for k, v in params.items() if k != "gamma"})
             assert result.new_token_ids == plain.new_token_ids, (method, params, max_new_tokens)
             for r in result.rounds:
                 assert len(r.detail["sources"]) == r.drafted
@@ -138,9 +138,9 @@ def sampled(toy, make_policy, small="model", proposer=HierarchicalProposer, tria
 
 @pytest.mark.parametrize("small", ["model", "ngram"])
 @pytest.mark.parametrize("make_policy", [
-    lambda: HierarchyPolicy(max_gamma=5, max_small=2, tau1=0.9, tau2=1.0),  # loop-back fires and not
-    lambda: HierarchyPolicy(max_gamma=5, max_small=3, tau1_0=1.0, tau2_0=1.2),  # adaptive thresholds
-    lambda: NoLoopPolicy(max_gamma=5, max_small=3, tau1=0.9),
+    lambda: HierarchyPolicy(gamma=5, max_small=2, tau1=0.9, tau2=1.0),  # loop-back fires and not
+    lambda: HierarchyPolicy(gamma=5, max_small=3, tau1_0=1.0, tau2_0=1.2),  # adaptive thresholds
+    lambda: NoLoopPolicy(gamma=5, max_small=3, tau1=0.9),
 ], ids=["fixed", "adaptive", "noloop"])
 def test_sampled_outputs_follow_the_target_distribution(toy, small, make_policy):
     counts, stops, loops = sampled(toy, make_policy, small)
@@ -171,7 +171,7 @@ class DropsTheCorrection(HierarchicalProposer):
 
 @pytest.mark.parametrize("proposer", [UsesSmallRows, DropsTheCorrection])
 def test_the_exactness_check_fails_planted_hierarchy_bugs(toy, proposer):
-    counts, _, _ = sampled(toy, lambda: HierarchyPolicy(max_gamma=5, max_small=3, tau1=0.9, tau2=1.0),
+    counts, _, _ = sampled(toy, lambda: HierarchyPolicy(gamma=5, max_small=3, tau1=0.9, tau2=1.0),
                            proposer=proposer)
     assert chi_square_p_value(counts, toy[4]) < 1e-10
 
@@ -181,9 +181,9 @@ def test_thresholds_are_running_means_of_rejected_entropies():
     policy.middle_rejected(1.0)
     policy.middle_rejected(2.0)
     assert policy.tau1 == 1.5
-    policy.pending_entropies = [0.1, 0.4, 0.9]
-    policy.observe(type("S", (), {"accepted": 1, "drafted": 3})())
-    policy.observe(type("S", (), {"accepted": 3, "drafted": 3})())  # all accepted: nothing to learn
+    middle = {"middle_entropies": [0.1, 0.4, 0.9]}  # M2's entropy at each pending token, from the proposer
+    policy.observe(type("S", (), {"accepted": 1, "drafted": 3, "detail": middle})())
+    policy.observe(type("S", (), {"accepted": 3, "drafted": 3, "detail": middle})())  # all accepted: nothing to learn
     assert policy.tau2 == 0.4
     fixed = HierarchyPolicy(tau1=0.3, tau2=0.2)
     fixed.middle_rejected(5.0)

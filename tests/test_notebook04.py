@@ -33,10 +33,10 @@ def models():
 
 
 CASES = [  # notebook class and its arguments, the package method and its parameters
-    ("EntropyStop", {"theta0": 0.0, "max_gamma": 6}, "entropy-stop", {"tau0": 0.0, "max_gamma": 6}),  # θ is `tau` there
-    ("ConfidenceStop", {"threshold": 0.4, "max_gamma": 6}, "confidence-stop", {"threshold": 0.4, "max_gamma": 6}),
-    ("AdaEDL", {"lam0": 0.5, "max_gamma": 6}, "adaedl", {"lam0": 0.5, "max_gamma": 6}),
-    ("LearnedStop", {"threshold": 0.5, "max_gamma": 6}, "learned-stop", {"threshold": 0.5, "max_gamma": 6}),
+    ("EntropyStop", {"theta0": 0.0, "max_gamma": 6}, "entropy-stop", {"tau0": 0.0, "gamma": 6}),  # θ is `tau` there
+    ("ConfidenceStop", {"threshold": 0.4, "max_gamma": 6}, "confidence-stop", {"threshold": 0.4, "gamma": 6}),
+    ("AdaEDL", {"lam0": 0.5, "max_gamma": 6}, "adaedl", {"lam0": 0.5, "gamma": 6}),
+    ("LearnedStop", {"threshold": 0.5, "max_gamma": 6}, "learned-stop", {"threshold": 0.5, "gamma": 6}),
 ]
 
 
@@ -53,7 +53,8 @@ def test_notebook_rules_equal_the_package(notebook, models, name, ours_kwargs, m
             ours = generate(target, input_ids, 30, method=notebook[name](**ours_kwargs), draft=draft,
                             temperature=temperature, generator=torch.Generator().manual_seed(seed))
             package = generate(target, input_ids, 30, method=method, draft=draft, temperature=temperature,
-                               generator=torch.Generator().manual_seed(seed), params=params)
+                               generator=torch.Generator().manual_seed(seed), gamma=params["gamma"],
+                               params={k: v for k, v in params.items() if k != "gamma"})
             assert ours.new_token_ids == package.new_token_ids
             assert [(r.drafted, r.stop) for r in ours.rounds] == [(r.drafted, r.stop) for r in package.rounds]
             if temperature == 0:

@@ -1,5 +1,5 @@
 """Notebook 06's teaching implementations, run straight out of the notebook: the tree walk must return the same
-tokens and accepted nodes as the package's `tree.verify_tree` (greedy; sampled with one-hot proposals and with
+tokens and accepted nodes as the package's `verify.verify_tree` (greedy; sampled with one-hot proposals and with
 proposals drawn from q; with top-p), and the KV gather must leave the same cache as `tree.gather_cache`."""
 import random
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec_utils.core import tree as trees
+from specdec_utils.core import verify
 from specdec_utils.core.engine import Sampler
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.core.sampling import sample_token
@@ -56,7 +57,7 @@ def test_notebook_walk_equals_verify_tree(notebook, sampler):
         if seed % 3 == 0:  # make the walk go deeper: the target favours node 0's token at the root
             logits[0, nodes[0]] += 8
         ours = notebook["walk_tree"](nodes, parents, None, logits, sampler, torch.Generator().manual_seed(seed))
-        package = trees.verify_tree(nodes, parents, None, logits, sampler, torch.Generator().manual_seed(seed))
+        package = verify.verify_tree(nodes, parents, None, logits, sampler, torch.Generator().manual_seed(seed))
         assert ours == package, (seed, ours, package)
         accepted_somewhere += bool(ours[1])
     assert accepted_somewhere > 5  # the test exercised accepted paths, not only immediate rejections
@@ -69,7 +70,7 @@ def test_notebook_walk_with_drawn_children_equals_verify_tree(notebook, temperat
         nodes, parents, q = drawn_tree(1 + seed % 11, seed)
         logits = torch.randn(len(nodes) + 1, VOCAB, generator=torch.Generator().manual_seed(2000 + seed)) * 2
         ours = notebook["walk_tree"](nodes, parents, q, logits, sampler, torch.Generator().manual_seed(seed))
-        package = trees.verify_tree(nodes, parents, q, logits, sampler, torch.Generator().manual_seed(seed))
+        package = verify.verify_tree(nodes, parents, q, logits, sampler, torch.Generator().manual_seed(seed))
         assert ours == package, (seed, ours, package)
 
 

@@ -70,6 +70,34 @@ def test_speedup_names_missing_methods():
         report.speedup(records({"ar": 20.0, "greedy": 30.0}), "medusa")
 
 
+def test_summarize_pools_each_method_once_for_every_renderer():
+    """One aggregation path: pooled totals (not means of per-prompt rates), the point speedup, its bootstrap
+    interval from `report.speedup`, and None where the records do not say."""
+    rs = [{"id": p, "method": m, "category": c, "new_tokens": 10, "wall_s": w, "target_calls": t, "draft_calls": d,
+           "drafted": dr, "accepted": a}
+          for p, c, m, w, t, d, dr, a in [("p1", "code", "ar", 1.0, 10, 0, 0, 0), ("p2", "chat", "ar", 3.0, 10, 0, 0, 0),
+                                          ("p1", "code", "greedy", 0.5, 4, 12, 12, 6),
+                                          ("p2", "chat", "greedy", 1.0, 5, 16, 16, 5),
+                                          ("p1", "code", "lookup", 0.5, 5, 0, -1, -1),
+                                          ("p2", "chat", "lookup", 2.0, 5, 0, -1, -1)]]
+    rows = {row["method"]: row for row in report.summarize(rs)}
+    greedy, ar, lookup = rows["greedy"], rows["ar"], rows["lookup"]
+    assert greedy["tok_per_s"] == 20 / 1.5 and greedy["speedup"] == (20 / 1.5) / (20 / 4)
+    assert greedy["tau"] == 20 / 9 and greedy["acceptance"] == 11 / 28 and greedy["waste"] == 17 / 20
+    assert greedy["draft_calls_per_token"] == 28 / 20
+    assert greedy["by_category"] == {"code": 2.0, "chat": 3.0}
+    assert greedy["speedup_ci"] == report.speedup(rs, "greedy") and greedy["verdict"] == "faster"
+    assert (ar["speedup"], ar["verdict"], ar["waste"], ar["acceptance"]) == (1.0, "-", 0.0, None)
+    assert lookup["waste"] is None and lookup["acceptance"] is None  # drafted -1: not reported
+    assert report.tokens_per_second(report.select(rs, "greedy", "chat")) == 10.0
+    quick = report.summarize(rs, intervals=False)
+    assert [row["speedup_ci"] for row in quick] == [None] * 3 and quick[1]["speedup"] == greedy["speedup"]
+    with pytest.raises(ValueError, match="no records of method 'ar'"):
+        report.summarize(report.select(rs, "greedy"))
+    assert report.summarize(report.select(rs, "greedy"), intervals=False)[0]["speedup"] is None
+    assert report.speedup_rows(rs, methods=["greedy"])[0]["speedup"] == f"{greedy['speedup_ci']:.2fx}"
+
+
 def test_from_repeats_is_median_and_range():
     e = report.from_repeats([3.0, 1.0, 2.0])
     assert (e.value, e.low, e.high) == (2.0, 1.0, 3.0)

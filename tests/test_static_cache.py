@@ -1,10 +1,11 @@
-"""The preallocated KV cache (static_cache.py) and the graphed step's arithmetic (cuda_graphs.py), on the CPU.
+"""The preallocated KV cache (static_cache.py) and the runner's graphed step (runner.py), on the CPU.
 
 The cache must give the model exactly what a DynamicCache gives it (same logits, bit for bit), roll
 back in O(1) (no copy, no reallocation), survive reuse and growth, and every method of the engine
 must produce the same tokens on it. The graphed forward (`static_forward`: write at slots, attend
-over the whole buffer under a mask) runs here without the recording, so its arithmetic is tested
-without a GPU; the recording itself is checked on the GPU (`engine_bench`, part 1)."""
+over the whole buffer under a mask) runs here without the recording (`ModelRunner(..., graphs=True,
+record=False)`), so its arithmetic is tested without a GPU; the recording itself is checked by the
+CUDA-only test at the end (skipped without a GPU) and on the GPU by `engine_bench`, part 1."""
 import subprocess
 import sys
 
@@ -14,9 +15,9 @@ from transformers import DynamicCache
 
 from specdec_utils import generate
 from specdec_utils.core import static_cache
-from specdec_utils.core.cuda_graphs import GraphRunner, enable_cuda_graphs
 from specdec_utils.core.engine import forward_uncached
 from specdec_utils.core.kv_cache import cache_length, trim_cache
+from specdec_utils.core.runner import ModelRunner, new_cache
 from specdec_utils.core.static_cache import PreallocatedLayer, StaticKVCache
 from conftest import noisy_copy, random_model, random_prompt
 
@@ -27,13 +28,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def pair():
     target = random_model("tiny-llama", seed=0)
     return target, noisy_copy(target, noise=0.02, seed=1)
-
-
-@pytest.fixture
-def dynamic():
-    static_cache.ENABLED = False
-    yield
-    static_cache.ENABLED = True
 
 
 def test_same_logits_as_dynamic_cache_through_writes_and_rollbacks(pair):
@@ -109,17 +103,15 @@ def test_every_method_gives_the_same_tokens_on_the_static_cache(tiny, method, kw
     target, draft, heads = tiny
     ids = random_prompt(9, seed=7, vocab=64)
 
-    def run():
-        return generate(target, ids, 24, method=method, draft=draft, draft_small=draft, heads=heads, gamma=3,
+    def run(target, draft, draft_small):
+        return generate(target, ids, 24, method=method, draft=draft, draft_small=draft_small, heads=heads, gamma=3,
                         generator=torch.Generator().manual_seed(11), **kwargs).new_token_ids
 
-    static = run()
-    static_cache.ENABLED = False
-    try:
-        dynamic = run()
-    finally:
-        static_cache.ENABLED = True
+    static = run(target, draft, draft)
+    on_dynamic = [ModelRunner(model, cache="dynamic") for model in (target, draft, draft)]  # one runner per role
+    dynamic = run(*on_dynamic)
     assert static == dynamic
+    assert isinstance(on_dynamic[0].cache, DynamicCache)
 
 
 def test_a_rollback_that_forgets_is_caught(pair, monkeypatch):
@@ -139,54 +131,129 @@ def test_a_rollback_that_forgets_is_caught(pair, monkeypatch):
         assert out != reference
 
 
+def graphed(*models):
+    """CPU runners that run the graphed step's arithmetic (`static_forward`) without recording it."""
+    return [ModelRunner(model, graphs=True, record=False) for model in models]
+
+
 @pytest.mark.parametrize("method,kwargs", [("ar", {}), ("greedy", {}), ("sampling", {"temperature": 1.0})])
 def test_the_graphed_step_gives_the_eager_tokens_and_reuses_its_caches(pair, method, kwargs):
     target, draft = pair
     prompts = [random_prompt(n, seed=n) for n in (7, 15, 11)]
+    runners = graphed(target, draft)
 
-    def run():
+    def run(target, draft):
         return [generate(target, p, 30, method=method, draft=draft, gamma=4,
                          generator=torch.Generator().manual_seed(5), **kwargs).new_token_ids for p in prompts]
 
-    eager = run()
-    runners = [GraphRunner(m, capture=False) for m in (target, draft)]
-    for model, runner in zip((target, draft), runners):
-        model._specdec_graphs = runner
-    try:
-        first = run()
-        shapes = [len(r.graphs) for r in runners]
-        again = run()
-    finally:
-        for model in (target, draft):
-            del model._specdec_graphs
+    eager = run(target, draft)
+    first = run(*runners)
+    caches, shapes, replays = [r.cache for r in runners], [set(r.graphs) for r in runners], runners[0].replays
+    again = run(*runners)
     assert first == eager and again == eager
-    assert [len(r.caches) for r in runners] == [1, 1 if method != "ar" else 0]  # one pooled cache each, reused
-    assert [len(r.graphs) for r in runners] == shapes  # the second pass found every step already prepared
-    assert len(runners[0].graphs) >= (1 if method == "ar" else 2)
+    assert [r.cache is not None for r in runners] == [True, method != "ar"]
+    assert [r.cache for r in runners] == caches and [r.epoch for r in runners] == [0, 0]  # one cache each, reused
+    assert [set(r.graphs) for r in runners] == shapes  # the second pass found every step already prepared
+    assert len(runners[0].graphs) >= (1 if method == "ar" else 2) and runners[0].replays > replays
+    assert all(key[2:] == (runners[0].cache.capacity, 0) for key in runners[0].graphs)
+    assert runners[0].captures == 0  # record=False: nothing recorded
 
 
-def test_hooked_forwards_run_eagerly(tiny):
-    """Medusa reads the target's hidden states through a forward hook: a replay would not call it."""
+@pytest.mark.parametrize("method", ["ar", "greedy"])
+def test_a_cache_that_grows_mid_generation_drops_its_graphs(pair, method):
+    """A first buffer holds the prompt + CHUNK positions, rounded up to a multiple of CHUNK; asking for
+    more new tokens than that makes the cache grow into new buffers mid-generation: every graph of the
+    old ones is dropped (the epoch moves on), the steps after it are prepared again on the new buffers
+    (keyed by the new capacity), and the tokens are the eager ones."""
+    target, draft = pair
+    prompt, new_tokens = random_prompt(static_cache.CHUNK, seed=12), static_cache.CHUNK + 16
+    eager = generate(target, prompt, new_tokens, method=method, draft=draft, gamma=4).new_token_ids
+    runners = graphed(target, draft)
+    result = generate(runners[0], prompt, new_tokens, method=method, draft=runners[1], gamma=4)
+    assert result.new_token_ids == eager
+    runner = runners[0]
+    assert runner.cache.capacity > 2 * static_cache.CHUNK and runner.epoch >= 1
+    assert runner.graphs and all(key[2:] == (runner.cache.capacity, runner.epoch) for key in runner.graphs)
+    assert runner.forwards == result.target_calls and runner.replays > 0
+    # a new generation keeps the grown buffers and the graphs recorded on them
+    epoch, graphs = runner.epoch, set(runner.graphs)
+    assert generate(runners[0], prompt, new_tokens, method=method, draft=runners[1], gamma=4).new_token_ids == eager
+    assert runner.epoch == epoch and set(runner.graphs) == graphs
+
+
+def test_a_target_drafting_for_itself_needs_two_runners(pair):
+    target, _ = pair
+    prompt = random_prompt(11, seed=13)
+    reference = generate(target, prompt, 25, method="ar").new_token_ids
+    for draft_runner in (ModelRunner(target), *graphed(target)):  # the same model, a runner (a cache) of its own
+        target_runner = graphed(target)[0] if draft_runner.graphed else ModelRunner(target)
+        result = generate(target_runner, prompt, 25, method="greedy", draft=draft_runner, gamma=4)
+        assert result.new_token_ids == reference and result.accepted == result.drafted > 0
+    assert generate(target, prompt, 25, method="greedy", draft=target, gamma=4).new_token_ids == reference  # models
+    for runner in (ModelRunner(target), *graphed(target)):
+        for method in ("greedy", "draft-tree"):
+            with pytest.raises(ValueError, match=r"^the draft and the target share one ModelRunner \(one cache\): "
+                                                 r"give each its own runner"):
+                generate(runner, prompt, 25, method=method, draft=runner, gamma=4)
+
+
+def test_forwards_that_return_a_hidden_state_run_eagerly(tiny):
+    """Medusa reads the target's hidden states: a replay runs no Python hooks, so those forwards run eagerly."""
     target, _, heads = tiny
     ids = random_prompt(9, seed=9, vocab=64)
     eager = generate(target, ids, 20, method="medusa", heads=heads, gamma=3, **CARTESIAN).new_token_ids
-    runner = target._specdec_graphs = GraphRunner(target, capture=False)
-    try:
-        assert generate(target, ids, 20, method="medusa", heads=heads, gamma=3, **CARTESIAN).new_token_ids == eager
-        cache = runner.new_cache(9)
-        with torch.inference_mode():
-            forward_uncached(target, ids, cache)
-            handle = target.model.norm.register_forward_hook(lambda *args: None)
-            assert runner.forward(cache, ids[:, :1], 1) is None
-            handle.remove()
-            assert runner.forward(cache, ids[:, :1], 1) is not None
-    finally:
-        del target._specdec_graphs
+    runner, = graphed(target)
+    assert generate(runner, ids, 20, method="medusa", heads=heads, gamma=3, **CARTESIAN).new_token_ids == eager
+    assert runner.forwards > 0 and runner.replays == 0
+    more = random_prompt(11, seed=10, vocab=64)
+    runner.begin(9)
+    with torch.inference_mode():
+        runner.forward(more[:, :9], 1)                                 # the prefill: eager
+        logits, hidden = runner.forward(more[:, :10], 1, hidden="norm")  # a hidden state asked for: eager
+        assert runner.replays == 0 and hidden.shape[-1] == target.config.hidden_size
+        again = runner.forward(more, 1)                                # none asked for: replayed
+    assert runner.replays == 1 and again.shape == logits.shape
 
 
-def test_cuda_graphs_refuse_a_cpu_model(pair):
+def test_graphs_need_a_cuda_gpu_and_the_static_cache(pair):
+    from specdec_utils.exactness import ToyLM
     with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA GPU; this one is on cpu"):
-        enable_cuda_graphs(pair[0])
+        ModelRunner(pair[0], graphs=True)
+    for model, cache in ((pair[0], "dynamic"), (ToyLM(8), "static")):
+        with pytest.raises(ValueError, match="CUDA graphs need the static cache of a transformers decoder"):
+            ModelRunner(model, graphs=True, cache=cache, record=False)
+    with pytest.raises(ValueError, match="cache must be one of static, dynamic, got 'paged'"):
+        ModelRunner(pair[0], cache="paged")
+    with pytest.raises(ValueError, match="ModelRunner takes a model, got a ModelRunner"):
+        ModelRunner(ModelRunner(pair[0]))
+
+
+def test_the_bench_counts_the_forwards_of_its_runners(pair):
+    """`--cuda-graphs` hands the engine one runner per model: a replay runs no hooks, so the bench
+    counts a runner's forwards from the runner. The counts, tokens and per-round sums must be those of
+    the same run on the plain models (the hooks' counts); Hugging Face's method runs on the models."""
+    from transformers import AutoTokenizer
+    from specdec_utils.models import ensure_target_cache
+    from specdec_utils.tools import bench
+    tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
+    target = random_model("tiny-llama", seed=0, vocab=len(tokenizer))
+    draft, small = noisy_copy(target, noise=0.02, seed=1), noisy_copy(target, noise=0.05, seed=2)
+    rows = [{"id": "story", "prompt": "Once upon a time"}]
+    methods = ["ar", "greedy", "hierarchical", "hf-assisted"]
+
+    def run(target, draft, small):
+        records = bench.run_benchmark(target, draft, tokenizer, rows, methods, 12, 3, 0.0, 1.0, 0, "float32", "cpu",
+                                      draft_small=small, warmup=False)
+        return {r["method"]: {key: r[key] for key in ("new_token_ids", "target_calls", "draft_calls", "small_calls",
+                                                       "drafted", "accepted", "rounds", "cuda_graphs")}
+                for r in records}
+
+    plain = run(target, draft, small)
+    runners = graphed(target, draft, small)
+    assert run(*runners) == plain
+    assert all(runner.replays > 0 for runner in runners)
+    assert plain["greedy"]["target_calls"] == plain["greedy"]["rounds"] and plain["hierarchical"]["small_calls"] > 0
+    assert plain["hf-assisted"]["target_calls"] > 0 and not plain["ar"]["cuda_graphs"]
 
 
 def test_engine_bench_refuses_without_a_gpu():
@@ -197,9 +264,10 @@ def test_engine_bench_refuses_without_a_gpu():
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("engine_bench: needs a CUDA GPU")
 
 
-def test_non_transformers_models_keep_their_own_caches():
+def test_non_transformers_models_keep_their_own_caches(pair):
     from specdec_utils.exactness import ToyLM
-    assert static_cache.new_cache(ToyLM(8), 5) is None
+    assert new_cache(ToyLM(8), 5) is None and new_cache(pair[0], 5, "dynamic") is None
+    assert isinstance(new_cache(pair[0], 5), StaticKVCache)
     assert isinstance(PreallocatedLayer(4), PreallocatedLayer)
 
 
@@ -220,3 +288,33 @@ def test_a_cache_made_in_inference_mode_keeps_working_outside_it(pair):
         c, cache = forward_uncached(target, ids, cache, 1)
         reference, _ = forward_uncached(target, ids, dynamic, 1)
     assert torch.equal(c, reference) and cache.length == 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_recorded_cuda_graphs_give_the_eager_tokens():
+    """The real thing: steps recorded into CUDA graphs and replayed give the eager tokens, for the target
+    alone, with a draft, with the target drafting for itself (two runners), and across a cache that grows
+    mid-generation (its graphs dropped and recorded again on the new buffers)."""
+    device = torch.device("cuda")
+    target = random_model("tiny-llama", seed=0).to(device)
+    draft = noisy_copy(target, noise=0.02, seed=1).to(device)
+    short, long = random_prompt(9, seed=14).to(device), random_prompt(static_cache.CHUNK, seed=15).to(device)
+    runners = {"target": ModelRunner(target, graphs=True), "draft": ModelRunner(draft, graphs=True),
+               "self": ModelRunner(target, graphs=True)}
+    for prompt, new_tokens in ((short, 40), (long, static_cache.CHUNK + 16)):  # the long one outgrows the buffers
+        reference = generate(target, prompt, new_tokens, method="ar").new_token_ids
+        assert generate(runners["target"], prompt, new_tokens, method="ar").new_token_ids == reference
+        for draft_model, draft_runner in ((draft, runners["draft"]), (target, runners["self"])):
+            eager = generate(target, prompt, new_tokens, method="greedy", draft=draft_model, gamma=4).new_token_ids
+            assert eager == reference
+            result = generate(runners["target"], prompt, new_tokens, method="greedy", draft=draft_runner, gamma=4)
+            assert result.new_token_ids == reference
+            if draft_model is target:
+                assert result.accepted == result.drafted > 0
+    runner = runners["target"]
+    assert runner.captures > 0 and runner.replays > runner.captures
+    assert runner.epoch >= 1 and runner.cache.capacity > 2 * static_cache.CHUNK  # the long prompt grew the cache
+    assert runner.graphs and all(key[2:] == (runner.cache.capacity, runner.epoch) for key in runner.graphs)
+    captures = runner.captures
+    assert generate(runner, short, 40, method="ar").new_token_ids == generate(target, short, 40, method="ar").new_token_ids
+    assert runner.captures == captures  # a new generation replays the graphs it already has

@@ -2,41 +2,42 @@
 
 A round of speculative decoding has four steps, and each is one part here:
 
-1. **propose**: a *proposer* returns the round's candidate tokens (and, when sampling, the
-   distributions they were drawn from). `DraftModelProposer` is the two-model draft of notebooks
-   01-02; `NoDraft` proposes nothing, which turns the loop into plain decoding (`ar`).
+1. **propose**: a *proposer* returns the round's candidate tokens, a chain or a token tree (and, when
+   sampling, the distributions they were drawn from). `DraftModelProposer` is the two-model draft of
+   notebooks 01-02; `NoDraft` proposes nothing, which turns the loop into plain decoding (`ar`).
 2. **how many**: a *drafting policy* (`policies.py`) chooses gamma for the round and may stop the
    proposer mid-round (notebooks 03 and 04).
-3. **verify**: one target forward over the candidates, then `verify` keeps a prefix plus one
-   target token: greedy (`greedy_verify`) or lossless rejection sampling (`rejection_sample`).
-4. **commit**: the committed tokens are appended, the target's cache and the proposer's caches
-   are rolled back to them, and the policy observes the round.
+3. **verify**: one target pass over the candidates (`runner.ModelRunner.forward_tree`: a chain is a
+   tree whose parents are arange(k) - 1, and runs as an ordinary causal forward), then a *verifier*
+   (`verify.py`) keeps the accepted path plus one target token: greedy, exact sampling, or Medusa's
+   (lossy) typical acceptance.
+4. **commit**: the committed tokens are appended, the target's cache keeps the accepted path
+   (`ModelRunner.commit`: a gather for a tree, a pointer move for a chain), the proposer rolls its
+   caches back to them, and the policy observes the round.
 
-`decode` is that loop; `generate` (the public entry point) picks the parts from a method name.
-Compared with vLLM (proposer / scorer / rejection sampler) and Hugging Face (`CandidateGenerator`
-plus the assisted-decoding loop), the split is the same, without batching or model runners.
+`decode` is that loop; `methods.generate` (the public entry point) picks the parts from a method name
+(`methods.METHODS`, a registry). Compared with vLLM v1 (a proposer, the model runner, a rejection
+sampler) and Hugging Face (`CandidateGenerator` plus the assisted-decoding loop), the split is the
+same, without batching.
 
 The one rule that keeps caches right: a cache only ever holds committed tokens at the start of a
-round, and each forward feeds a model every token its cache has not seen yet (`forward_uncached`).
-Caches are `StaticKVCache`s (notebook 08): allocated once, rolled back by moving a pointer; a model
-with CUDA graphs enabled (`cuda_graphs.enable_cuda_graphs`) replays its steps through the same call.
+round, and each forward feeds a model every token its cache has not seen yet. Each model's cache
+belongs to its `ModelRunner` (allocated once, rolled back by moving a pointer; CUDA graphs on a GPU).
 """
 from __future__ import annotations
 
 import math
 import numbers
 import time
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Protocol
 
 import torch
 
-from . import tree as trees
-from .kv_cache import cache_length, trim_cache
-from .medusa import capture_hidden
-from .sampling import rejection_sample, sample_token, warp_logits
-from .static_cache import new_cache
+from .runner import ModelRunner, as_runner, attention_backends, forward_uncached  # noqa: F401 (re-exported)
+from .sampling import sample_token, warp_logits
+from .verify import Verifier, greedy_verify  # noqa: F401 (re-exported)
 
 
 # --------------------------------------------------------------------------- results
@@ -89,11 +90,6 @@ class GenerationResult:
     def tokens_per_target_call(self) -> float:
         """New tokens per target forward pass: 1 for plain decoding, up to gamma + 1."""
         return len(self.new_token_ids) / self.target_calls if self.target_calls else float("nan")
-
-    @property
-    def wasted_per_token(self) -> float:
-        """Rejected draft tokens per output token: draft work the target threw away."""
-        return (self.drafted - self.accepted) / len(self.new_token_ids) if self.new_token_ids else float("nan")
 
     def round_sums(self) -> dict:
         """Sums over `rounds` (what the bench JSON records): time per part and stop reasons."""
@@ -151,7 +147,6 @@ class DraftStep:
     drawn: int | None  # the token, once drawn
     probs: torch.Tensor | None
     hidden: torch.Tensor | None = None  # the draft's last hidden state here, if a policy asked
-    context: torch.Tensor | None = None  # [1, n]: prompt, committed tokens and this round's drafts before it
 
     @property
     def token(self) -> int:
@@ -183,8 +178,9 @@ class Proposal:
     `detail` holds a proposer's own per-round counts, copied to `RoundStats.detail`.
 
     A tree (notebook 06) also sets `parents` [k] (`tree.py`: parents[i] < i, -1 = a child of the
-    root); `probs` is then the distribution each node was drawn from, or None when every node was
-    chosen deterministically (top-k guesses), which sampled verification treats as one-hot."""
+    root); None means a chain (parents arange(k) - 1). `probs` is the distribution each node was drawn
+    from, or None when every node was chosen deterministically (top-k guesses, or greedy), which
+    sampled verification treats as one-hot."""
     tokens: torch.Tensor
     probs: torch.Tensor | None
     stop: str
@@ -192,6 +188,19 @@ class Proposal:
     vocab: int | None = None  # logits per position of the proposing model, once it ran
     detail: dict = field(default_factory=dict)
     parents: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """What the loop asks of a proposer. `propose` returns the round's candidates (at most `gamma`
+    tokens along any path; `index` = tokens generated so far); `rollback(committed)` is called after
+    each round with the number of committed tokens its caches may keep. A proposer that reads the
+    target's hidden state sets `needs_target_hidden = True`; the loop then calls `observe_target(h)`
+    with the target's pre-norm hidden state [H] at the position that produced the newest token."""
+
+    def propose(self, tokens: torch.Tensor, gamma: int, policy, sampler: Sampler, generator,
+                index: int) -> Proposal: ...
+
+    def rollback(self, committed: int) -> None: ...
 
 
 class NoDraft:
@@ -206,24 +215,27 @@ class NoDraft:
 
 class DraftModelProposer:
     """A draft model proposes up to `gamma` tokens, one forward each, asking the policy before
-    and after every token whether to go on (Leviathan et al. 2023, Algorithm 1, step 1)."""
+    and after every token whether to go on (Leviathan et al. 2023, Algorithm 1, step 1).
+    `draft`: a model, or a `ModelRunner` (which then owns the draft's cache and graphs)."""
 
     def __init__(self, draft):
-        self.draft, self.cache = draft, None
+        self.runner = as_runner(draft)
+
+    @property
+    def draft(self):
+        return self.runner.model
 
     def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
-        with _last_hidden_state(self.draft, policy.needs_hidden) as hidden:
-            return self._propose(tokens, gamma, policy, sampler, generator, index, hidden)
-
-    def _propose(self, tokens, gamma, policy, sampler, generator, index, hidden) -> Proposal:
         rows, stop, forwards, vocab = [], "gamma", 0, None
         candidate = tokens
+        hidden = "head" if policy.needs_hidden else None
         for position in range(gamma):
-            logits, self.cache = forward_uncached(self.draft, candidate, self.cache)
+            out = self.runner.forward(candidate, 1, hidden)
+            logits, state = out if hidden else (out, None)
             forwards, vocab = forwards + 1, logits.shape[-1]
             probs = None if sampler.greedy else sampler.probs(logits[-1])
             step = DraftStep(position, index + position, logits[-1], None, probs,
-                             hidden[0][0, -1] if hidden else None, candidate)
+                             state[-1] if state is not None else None)
             if sampler.greedy:
                 step.drawn = int(logits[-1].argmax())
             if policy.stop_before(step):  # decided before a sampled token is drawn
@@ -231,9 +243,8 @@ class DraftModelProposer:
                 break
             if not sampler.greedy:
                 step.drawn = sample_token(probs, generator)
-            token = step.drawn
             rows.append(probs)
-            candidate = torch.cat([candidate, candidate.new_tensor([[token]])], dim=1)
+            candidate = torch.cat([candidate, candidate.new_tensor([[step.drawn]])], dim=1)
             if policy.stop_after(step):
                 stop = policy.reason
                 break
@@ -243,98 +254,35 @@ class DraftModelProposer:
 
     def rollback(self, committed: int) -> None:
         # After a fully accepted round the draft's cache lacks its last proposal: keep what it has.
-        self.cache = trim_cache(self.cache, min(cache_length(self.cache), committed))
-
-
-@contextmanager
-def _last_hidden_state(model, wanted: bool):
-    """While `wanted`, a list whose element 0 is the input of `model`'s output head in its latest
-    forward (the final hidden states [1, n, H]), captured by a forward hook removed afterwards."""
-    if not wanted:
-        yield None
-        return
-    captured = []
-
-    def keep(module, args, output):
-        captured[:] = [args[0]]
-
-    handle = model.get_output_embeddings().register_forward_hook(keep)
-    try:
-        yield captured
-    finally:
-        handle.remove()
-
-
-# --------------------------------------------------------------------------- verifying
-def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
-    """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
-    them when `cache` is None: the prefill, which starts a preallocated `StaticKVCache` for a
-    transformers model). Return the last `num_logits` logits [num_logits, V]
-    and the grown cache; positions follow from the cache length."""
-    if cache is None:
-        cache = new_cache(model, tokens.shape[1])
-    seen = cache_length(cache)
-    runner = getattr(model, "_specdec_graphs", None)  # CUDA graphs (cuda_graphs.py): replay when it can
-    if runner is not None:
-        logits = runner.forward(cache, tokens[:, seen:], num_logits)
-        if logits is not None:
-            return logits, cache
-    out = model(input_ids=tokens[:, seen:], past_key_values=cache, use_cache=True,
-                logits_to_keep=num_logits)
-    return out.logits[0, -num_logits:], out.past_key_values
-
-
-def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Greedy verification: accept draft tokens while each equals the target's argmax, then add
-    the target's own argmax at the first mismatch (or its bonus token after all k).
-    draft_tokens [k], target_logits [k+1, V]; returns between 1 and k+1 token ids."""
-    target_choice = target_logits.argmax(-1)
-    matches = (draft_tokens == target_choice[:-1]).long()
-    n_accepted = int(matches.cumprod(0).sum())  # length of the leading run of matches
-    return target_choice[:n_accepted + 1]  # equals the accepted drafts, then the target's token
-
-
-def verify(proposal: Proposal, target_logits: torch.Tensor, sampler: Sampler, generator) -> torch.Tensor:
-    """Keep the longest acceptable prefix of the proposal plus one target token: greedy matching at
-    temperature 0, else rejection sampling against the target's equally warped distributions."""
-    if sampler.greedy:
-        return greedy_verify(proposal.tokens, target_logits)
-    target_probs = sampler.probs(target_logits)
-    draft_probs = proposal.probs if proposal.probs is not None else target_probs[:0]
-    return rejection_sample(draft_probs, target_probs, proposal.tokens, generator)
+        self.runner.rollback(committed)
 
 
 # --------------------------------------------------------------------------- the loop
 @torch.inference_mode()
 def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: int, sampler: Sampler,
-           eos_ids: set[int], generator=None, method: str = "") -> GenerationResult:
+           eos_ids: set[int], generator=None, method: str = "", verifier=None) -> GenerationResult:
     """The decode loop every method runs: propose, verify in one target pass, commit, roll back.
 
+    `target`: a model or its `ModelRunner`; `verifier`: a `verify.Verifier` (default: exact).
     Stops after `max_new_tokens` tokens or after a token in `eos_ids`. A round never drafts past
     the budget (k drafts + 1 target token <= tokens left). The first target pass is also the
     prefill, so a draft that is always accepted needs ceil(n / (gamma + 1)) target passes.
     """
-    with attention_backends(input_ids.device):
-        return _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_ids, generator, method)
+    target = as_runner(target)
+    if getattr(proposer, "runner", None) is target:
+        raise ValueError("the draft and the target share one ModelRunner (one cache): give each its own runner "
+                         "(the same model may drive both)")
+    target.begin(input_ids.shape[1])
+    return _decode(target, proposer, policy, verifier or Verifier(), input_ids, max_new_tokens, sampler, eos_ids,
+                   generator, method)
 
 
-AVOID_CUDNN_ATTENTION = True  # notebook 08 turns it off to show the trap
-
-
-def attention_backends(device):
-    """On a CUDA GPU, let SDPA choose among flash, memory-efficient and math attention but not cuDNN.
-    PyTorch prefers cuDNN's attention on recent GPUs, and cuDNN builds (and caches) an execution plan
-    for every new (query length, key length): speculative decoding makes new ones every round, so
-    each round paid milliseconds of plan building (notebook 08 profiles it). Elsewhere: no change."""
-    if device.type != "cuda" or not AVOID_CUDNN_ATTENTION:
-        return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_ids, generator, method):
+def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_tokens, sampler, eos_ids,
+            generator, method):
     result = GenerationResult(accepted_per_position=[0] * getattr(policy, "initial_gamma", 0), method=method)
-    tokens, target_cache = input_ids, None  # tokens: prompt + committed
+    tokens = input_ids  # prompt + committed
+    vocab = _vocab_size(target.model)
+    hidden = "norm" if getattr(proposer, "needs_target_hidden", False) else None
     start = time.perf_counter()
     while not _finished(result.new_token_ids, max_new_tokens, eos_ids):
         t0 = time.perf_counter()
@@ -344,49 +292,27 @@ def _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_id
                                     len(result.new_token_ids))
         k = len(proposal.tokens)
         stop = "budget" if proposal.stop == "gamma" and room < gamma else proposal.stop
+        _check_vocab(proposal, vocab)  # before the forward: on a GPU an id out of range is a device assert
         t1 = time.perf_counter()
 
-        needs_hidden = getattr(proposer, "needs_target_hidden", False)
-        tree = proposal.parents is not None
         prefix = tokens.shape[1]
-        with capture_hidden(target) if needs_hidden else nullcontext() as hidden:
-            try:
-                if tree:
-                    target_logits, target_cache = trees.forward_tree(
-                        target, tokens, proposal.tokens, proposal.parents, target_cache, num_logits=k + 1)
-                else:
-                    target_logits, target_cache = forward_uncached(
-                        target, torch.cat([tokens, proposal.tokens[None]], dim=1), target_cache, k + 1)
-            except IndexError:  # a drafted id outside the target's embedding table: a larger draft vocabulary
-                if not k:
-                    raise
-                raise ValueError(f"draft and target must share the output vocabulary: the draft proposed token id "
-                                 f"{int(proposal.tokens.max())}, which the target's embedding table does not hold") from None
-        if proposal.vocab not in (None, target_logits.shape[-1]):
+        parents = proposal.parents if proposal.parents is not None else _chain(k)
+        out = target.forward_tree(tokens, proposal.tokens, parents, num_logits=k + 1, hidden=hidden)
+        target_logits, states = out if hidden else (out, None)
+        if vocab is None and proposal.vocab not in (None, target_logits.shape[-1]):
             raise ValueError(f"draft and target must share the output vocabulary, got "
                              f"{proposal.vocab} and {target_logits.shape[-1]} logits")
-        if tree:
-            typical = policy.typical if getattr(policy, "acceptance", "exact") == "typical" else None
-            new_list, path = trees.verify_tree(proposal.tokens, proposal.parents, proposal.probs, target_logits,
-                                               sampler, generator, typical)
-            new_tokens = torch.tensor(new_list)
-            row = path[-1] + 1 if path else 0  # the logits row that produced the last new token
-        else:
-            new_tokens = verify(proposal, target_logits, sampler, generator)
-            row = len(new_tokens) - 1
+        verdict = verifier(proposal, target_logits, sampler, generator)
         t2 = time.perf_counter()
 
-        n_accepted = len(new_tokens) - 1
-        kept = _append_until_eos(result.new_token_ids, new_tokens.tolist(), eos_ids)
+        n_accepted = len(verdict.tokens) - 1
+        kept = _append_until_eos(result.new_token_ids, verdict.tokens, eos_ids)
         tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
         committed = tokens.shape[1] - 1  # the newest token is in no cache yet
-        if tree:  # keep the accepted path's keys and values, in place after the prefix
-            t3 = time.perf_counter()
-            target_cache = trees.gather_cache(target_cache, prefix, torch.tensor(path[:len(kept)], dtype=torch.long))
-            proposal.detail["kv_trim_ms"] = (time.perf_counter() - t3) * 1e3
-        target_cache = trim_cache(target_cache, committed)
-        if needs_hidden:
-            proposer.observe_target(hidden[0][0, hidden[0].shape[1] - (k + 1) + row])
+        target.commit(prefix, verdict.path[:len(kept)], committed)
+        if hidden:  # the state at the row that produced the newest token: the root's, or the last accepted node's
+            row = verdict.path[len(kept) - 2] + 1 if len(kept) > 1 else 0
+            proposer.observe_target(states[states.shape[0] - (k + 1) + row])
         proposer.rollback(committed)
         if len(result.accepted_per_position) < n_accepted:
             result.accepted_per_position += [0] * (n_accepted - len(result.accepted_per_position))
@@ -403,6 +329,29 @@ def _decode(target, proposer, policy, input_ids, max_new_tokens, sampler, eos_id
         result.rounds.append(stats)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _chain(k: int) -> torch.Tensor:
+    return torch.arange(k) - 1
+
+
+def _vocab_size(model) -> int | None:
+    """Token ids the model's embedding table holds (None when the model does not say)."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    return getattr(table, "num_embeddings", None)
+
+
+def _check_vocab(proposal: Proposal, vocab: int | None) -> None:
+    if vocab is None or not len(proposal.tokens):
+        return
+    if proposal.vocab not in (None, vocab):
+        raise ValueError(f"draft and target must share the output vocabulary, got {proposal.vocab} and {vocab} "
+                         f"token ids")
+    largest = int(proposal.tokens.max())
+    if largest >= vocab:
+        raise ValueError(f"draft and target must share the output vocabulary: the draft proposed token id "
+                         f"{largest}, which the target's embedding table (size {vocab}) does not hold")
 
 
 def _append_until_eos(new_token_ids: list[int], tokens: list[int], eos_ids: set[int]) -> list[int]:

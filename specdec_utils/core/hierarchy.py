@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import torch
 
-from .engine import DraftModelProposer, DraftStep, Proposal, forward_uncached, greedy_verify
-from .kv_cache import cache_length, trim_cache
+from .engine import DraftModelProposer, DraftStep, Proposal
+from .runner import as_runner
 from .ngram import NgramDraft
 from .policies import DraftingPolicy, _count, _number, require
 from .sampling import rejection_sample, sample_token
+from .verify import greedy_verify
 
 
 class HierarchyPolicy(DraftingPolicy):
-    """How much each level drafts. `max_gamma` caps the pending tokens of a round (M1's and M2's
+    """How much each level drafts. `gamma` caps the pending tokens of a round (M1's and M2's
     together), `max_small` M1's tokens per pre-verification; tau1 / tau2 are fixed numbers (nats),
     or None for HSDDW's adaptive running means starting at tau1_0 / tau2_0. With
     `reject_ends_round=False` (not HSDDW's rule) a round goes on after M2 corrects M1, as long as M2
@@ -46,34 +47,32 @@ class HierarchyPolicy(DraftingPolicy):
     reason = "middle unsure"  # the round stop that shows the loop-back rule at work
     loop_back = True
 
-    def __init__(self, gamma: int = 4, max_gamma: int = 10, max_small: int = 4, tau1: float | None = None,
+    def __init__(self, gamma: int = 10, max_small: int = 4, tau1: float | None = None,
                  tau2: float | None = None, tau1_0: float = 0.0, tau2_0: float = 0.0, reject_ends_round: bool = True):
         super().__init__(gamma)
+        max_gamma = gamma
         require("reject_ends_round", reject_ends_round, isinstance(reject_ends_round, bool), "True or False")
         self.reject_ends_round = reject_ends_round
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
         require("max_small", max_small, _count(max_small, 0), "an integer >= 0")
         for name, value in (("tau1", tau1), ("tau2", tau2)):
             require(name, value, value is None or _number(value, 0), "a number >= 0 (nats) or None (adaptive)")
         for name, value in (("tau1_0", tau1_0), ("tau2_0", tau2_0)):
             require(name, value, _number(value, 0), "a number >= 0 (nats)")
-        self.max_gamma, self.max_small, self.initial_gamma = max_gamma, max_small, max_gamma
+        self.max_gamma, self.max_small = max_gamma, max_small
         self.adaptive1, self.adaptive2 = tau1 is None, tau2 is None
         self.tau1 = tau1_0 if tau1 is None else tau1
         self.tau2 = tau2_0 if tau2 is None else tau2
         self.rejected1: list[float] = []  # M1's entropy where M2 rejected
         self.rejected2: list[float] = []  # M2's entropy where the target rejected
-        self.small_entropies: list[float] = []  # M1's entropy at each token of the current pre-verification
-        self.pending_entropies: list[float] = []  # M2's entropy at each token of the current round
 
     def round_gamma(self) -> int:
         return self.max_gamma
 
     def stop_after(self, step) -> bool:  # M1's self-verify: propose the token, then stop if unsure
-        self.small_entropies.append(step.entropy)
         return step.entropy > self.tau1
 
     def middle_rejected(self, entropy: float) -> None:
+        """M2 rejected a token M1 drafted with this entropy (nats): an event the policy learns from."""
         self.rejected1.append(entropy)
         if self.adaptive1:
             self.tau1 = sum(self.rejected1) / len(self.rejected1)
@@ -83,7 +82,7 @@ class HierarchyPolicy(DraftingPolicy):
 
     def observe(self, stats) -> None:
         if stats.accepted < stats.drafted:  # the target rejected pending token number `accepted`
-            self.rejected2.append(self.pending_entropies[stats.accepted])
+            self.rejected2.append(stats.detail["middle_entropies"][stats.accepted])
             if self.adaptive2:
                 self.tau2 = sum(self.rejected2) / len(self.rejected2)
 
@@ -103,12 +102,12 @@ class HierarchicalProposer:
         self.is_ngram = isinstance(small, NgramDraft)
         # a model M1 drafts exactly as a two-model draft does, with the policy's self-verify
         self.small = small if self.is_ngram else DraftModelProposer(small)
-        self.middle, self.middle_cache = middle, None
+        self.middle = as_runner(middle)
 
     def rollback(self, committed: int) -> None:
         if not self.is_ngram:
             self.small.rollback(committed)
-        self.middle_cache = _trim(self.middle_cache, committed)
+        self.middle.rollback(committed)
 
     def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
         pending, rows, sources, entropies = [], [], [], []
@@ -117,12 +116,11 @@ class HierarchicalProposer:
         stop, vocab = "gamma", None
         while len(pending) < gamma:
             seq = _extend(tokens, pending)
-            small_tokens, small_rows = self._draft_small(
+            small_tokens, small_rows, small_entropies = self._draft_small(
                 seq, min(policy.max_small, gamma - len(pending) - 1), policy, sampler, generator,
                 index + len(pending), detail)
             k = len(small_tokens)
-            logits, self.middle_cache = forward_uncached(self.middle, _extend(seq, small_tokens),
-                                                         self.middle_cache, k + 1)
+            logits = self.middle.forward(_extend(seq, small_tokens), k + 1)
             detail["middle_forwards"] += 1
             detail["pre_verifications"] += 1
             vocab = logits.shape[-1]
@@ -136,7 +134,7 @@ class HierarchicalProposer:
             detail["middle_tokens"] += len(new) - n_accepted
             self.rollback(seq.shape[1] + n_accepted)  # what both caches may keep: M2 agreed with it
             if n_accepted < k:
-                policy.middle_rejected(policy.small_entropies[n_accepted])
+                policy.middle_rejected(small_entropies[n_accepted])
                 if policy.reject_ends_round:
                     stop = "middle rejected"
                     break
@@ -149,7 +147,7 @@ class HierarchicalProposer:
             if policy.middle_unsure(entropies[-1]):
                 stop = "middle unsure"
                 break
-        policy.pending_entropies = entropies
+        detail["middle_entropies"] = entropies  # M2's entropy at each pending token (the policy learns from them)
         detail["sources"] = sources
         draft_probs = torch.stack(rows) if rows else None
         forwards = detail["small_forwards"] + detail["middle_forwards"]
@@ -173,11 +171,12 @@ class HierarchicalProposer:
         return new, len(new) - 1, list(middle_probs[:len(new)]), middle_probs[:len(new)]
 
     def _draft_small(self, seq, limit, policy, sampler, generator, index, detail):
-        """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`, which
-        records M1's entropies). Returns its tokens and the rows they were sampled from (when sampling)."""
-        policy.small_entropies = []
+        """M1 drafts up to `limit` tokens after `seq`, with self-verify (`policy.stop_after`). Returns its
+        tokens, the rows they were sampled from (when sampling) and M1's entropy at each of them."""
+        entropies: list[float] = []
+        watch = _Watch(policy, entropies)
         if not self.is_ngram:
-            proposal = self.small.propose(seq, limit, policy, sampler, generator, index)
+            proposal = self.small.propose(seq, limit, watch, sampler, generator, index)
             detail["small_forwards"] += proposal.forwards
             tokens = proposal.tokens.tolist()
             rows = list(proposal.probs) if proposal.probs is not None else [None] * len(tokens)
@@ -193,15 +192,27 @@ class HierarchicalProposer:
                 step.drawn = int(logits.argmax()) if sampler.greedy else sample_token(probs, generator)
                 tokens.append(step.drawn)
                 rows.append(probs)
-                if policy.stop_after(step):
+                if watch.stop_after(step):
                     break
         detail["small_drafted"] += len(tokens)
-        return tokens, rows
+        return tokens, rows, entropies
 
 
 def _extend(tokens: torch.Tensor, more: list[int]) -> torch.Tensor:
     return torch.cat([tokens, tokens.new_tensor([more])], dim=1) if more else tokens
 
 
-def _trim(cache, length: int):
-    return trim_cache(cache, min(cache_length(cache), length))
+class _Watch:
+    """The policy as M1 sees it: the same decisions, and M1's entropy at each token it proposed
+    recorded for the proposer (the policy's own state is never written from outside)."""
+
+    def __init__(self, policy, entropies: list[float]):
+        self.policy, self.entropies = policy, entropies
+        self.reason, self.needs_hidden = policy.reason, policy.needs_hidden
+
+    def stop_before(self, step) -> bool:
+        return self.policy.stop_before(step)
+
+    def stop_after(self, step) -> bool:
+        self.entropies.append(step.entropy)
+        return self.policy.stop_after(step)

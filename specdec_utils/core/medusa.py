@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,36 +28,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from ..models import MODELS_DIR
+from .hidden import capture_hidden, final_norm  # noqa: F401 (the heads' hook, re-exported for the trainer)
 
 HEADS_NAME = "medusa-heads"
-
-
-def final_norm(target) -> nn.Module:
-    """The target's final normalisation layer (whose input is the hidden state the heads read)."""
-    for path in ("model.norm", "transformer.ln_f"):
-        module = target
-        for part in path.split("."):
-            module = getattr(module, part, None)
-        if isinstance(module, nn.Module):
-            return module
-    raise ValueError(f"Medusa heads need a target with a final norm at model.norm (Llama-style) or "
-                     f"transformer.ln_f (GPT-2-style); {type(target).__name__} has neither")
-
-
-@contextmanager
-def capture_hidden(target):
-    """While active, element 0 of the yielded list is the input of the target's final norm in its
-    latest forward: the hidden states [B, n, H] the heads read."""
-    captured = []
-
-    def keep(module, args, output):
-        captured[:] = [args[0]]
-
-    handle = final_norm(target).register_forward_hook(keep)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 class MedusaHeads(nn.Module):

@@ -1,97 +1,158 @@
-"""`generate`: the course's one public entry point. A method name picks the engine's parts
-(`engine.py`: a proposer; `policies.py`: a drafting policy); the bench CLI takes the same names.
+"""`generate`: the course's one public entry point, and the registry of its methods.
 
-| method | proposer | policy |
-|---|---|---|
-| `ar` | none: the target alone | - |
-| `greedy`, `sampling` | the draft model | fixed gamma (the temperature decides greedy or sampled) |
-| `adaptive-hf`, `adaptive-dual`, `oracle` | the draft model | gamma chosen per round (notebook 03) |
-| `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) |
-| `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) pre-verified by `draft` (M2) | per level (notebook 05) |
-| `medusa` | Medusa `heads` on the target: a token tree | tree template, size, pruning (notebook 06) |
-| `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) |
+A method is a pair of parts for the engine's loop (`engine.decode`): a proposer (who drafts) and a
+drafting policy (how much), plus the verifier the policy asks for. The registry names them; the bench
+CLI takes the same names. `gamma` means one thing everywhere: the most draft tokens a round may
+propose (the chain's length, a tree's depth); None takes the method's default.
+
+| method | proposer | policy | default gamma |
+|---|---|---|---|
+| `ar` | none: the target alone | - | - |
+| `greedy`, `sampling` | the draft model | fixed gamma (the temperature decides greedy or sampled) | 4 |
+| `adaptive-hf` | the draft model | HF's heuristic, from `start` (notebook 03) | no cap |
+| `adaptive-dual` | the draft model | acceptance and entropy, from `start` (notebook 03) | 8 |
+| `oracle` | the draft model | knows the target's greedy answer (greedy only) | 16 |
+| `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) | 10 |
+| `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) pre-verified by `draft` (M2) | per level (notebook 05) | 10 |
+| `medusa` | Medusa `heads` on the target: a token tree | tree template, size, pruning (notebook 06) | 4 |
+| `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) | 4 |
+
+`register(Method(...))` adds a method of your own.
 """
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
+from typing import Callable
 
-from . import hierarchy
-
-from . import policies
-
-from . import tree_drafting
+from . import hierarchy, policies, tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
-
-POLICIES = {
-    "ar": policies.DraftingPolicy,
-    "greedy": policies.DraftingPolicy,
-    "sampling": policies.DraftingPolicy,
-    "adaptive-hf": policies.HeuristicGamma,
-    "adaptive-dual": policies.DualSignalGamma,
-    "oracle": policies.Oracle,
-    "entropy-stop": policies.EntropyStop,
-    "confidence-stop": policies.ConfidenceStop,
-    "adaedl": policies.AdaEDL,
-    "learned-stop": policies.LearnedStop,
-    "hierarchical": hierarchy.HierarchyPolicy,
-    "hierarchical-noloop": hierarchy.NoLoopPolicy,
-    "medusa": tree_drafting.MedusaPolicy,
-    "draft-tree": tree_drafting.DraftTreePolicy,
-}
-METHODS = tuple(POLICIES)
-GREEDY_ONLY = ("oracle",)
-HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
-TREES = ("medusa", "draft-tree")
+from .runner import ModelRunner
+from .verify import TypicalVerifier, Verifier
 
 
-def make_proposer(what: str, draft, draft_small, hierarchical: bool = False, kind: str = "chain",
-                  heads=None, target=None):
-    """The proposer for `what` ("method 'greedy'", "policy 'mine'"): the draft model, or
-    (hierarchical) `draft_small` under `draft`, or (kind "medusa" / "draft-tree") a tree proposer."""
-    if kind == "medusa":
-        if not isinstance(heads, tree_drafting.MedusaHeads):
-            raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.core.medusa.load_heads('medusa-heads', "
-                             f"target)), got {type(heads).__name__}")
-        if heads.target is not target:
-            raise ValueError(f"{what}: these heads are attached to another target object; load them for this one: "
-                             f"load_heads(name, target)")
-        return tree_drafting.MedusaProposer(heads)
-    if kind == "draft-tree":
-        if draft is None or isinstance(draft, hierarchy.NgramDraft) or not callable(draft):
-            raise ValueError(f"{what} needs draft=... a transformers draft model (it runs tree-masked forwards), "
-                             f"got {type(draft).__name__}")
-        return tree_drafting.DraftTreeProposer(draft)
+@dataclass(frozen=True)
+class Method:
+    """A named method: `make_proposer(models, what)` builds its proposer from the models passed to
+    `generate` (a dict with "target", "draft", "draft_small", "heads"); `policy` is its policy class
+    (its parameters come from `params`); `uses` names the models it reads; `greedy_only` methods
+    refuse a temperature."""
+    name: str
+    make_proposer: Callable
+    policy: type
+    uses: frozenset = field(default_factory=frozenset)
+    greedy_only: bool = False
+
+
+def _draft_model(models, what):
+    draft = models["draft"]
     if draft is None:
         raise ValueError(f"{what} needs a draft model: pass draft=...")
-    if not hierarchical:
-        return DraftModelProposer(draft)
-    if draft_small is None:
+    return DraftModelProposer(draft)
+
+
+def _hierarchy(models, what):
+    draft, small = models["draft"], models["draft_small"]
+    if draft is None:
+        raise ValueError(f"{what} needs a draft model: pass draft=...")
+    if small is None:
         raise ValueError(f"{what} needs draft_small=... (M1, the fastest level: a draft model or an n-gram "
                          f"table) under draft=... (M2)")
-    if not (isinstance(draft_small, hierarchy.NgramDraft) or callable(draft_small)):
+    if not (isinstance(small, (hierarchy.NgramDraft, ModelRunner)) or callable(small)):
         raise ValueError(f"draft_small must be a model or an n-gram table (specdec_utils.core.ngram.NgramDraft), got "
-                         f"{type(draft_small).__name__} {draft_small!r:.60}")
-    small_vocab, middle_vocab = _output_vocab(draft_small), _output_vocab(draft)
+                         f"{type(small).__name__} {small!r:.60}")
+    small_vocab, middle_vocab = _output_vocab(small), _output_vocab(draft)
     if None not in (small_vocab, middle_vocab) and small_vocab != middle_vocab:
         raise ValueError(f"draft_small and draft must share the output vocabulary, got {small_vocab} and "
                          f"{middle_vocab} token ids")
-    return hierarchy.HierarchicalProposer(draft_small, draft)
+    return hierarchy.HierarchicalProposer(small, draft)
+
+
+def _medusa(models, what):
+    heads, target = models["heads"], _model(models["target"])
+    if not isinstance(heads, tree_drafting.MedusaHeads):
+        raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.core.medusa.load_heads('medusa-heads', "
+                         f"target)), got {type(heads).__name__}")
+    if heads.target is not target:
+        raise ValueError(f"{what}: these heads are attached to another target object; load them for this one: "
+                         f"load_heads(name, target)")
+    return tree_drafting.MedusaProposer(heads)
+
+
+def _draft_tree(models, what):
+    draft = models["draft"]
+    if draft is None or isinstance(draft, hierarchy.NgramDraft) or not (callable(draft) or isinstance(draft, ModelRunner)):
+        raise ValueError(f"{what} needs draft=... a transformers draft model (it runs tree-masked forwards), "
+                         f"got {type(draft).__name__}")
+    return tree_drafting.DraftTreeProposer(draft)
+
+
+def _model(model_or_runner):
+    return model_or_runner.model if isinstance(model_or_runner, ModelRunner) else model_or_runner
 
 
 def _output_vocab(model) -> int | None:
     """Token ids a model (or n-gram table) outputs: a reduced-vocabulary draft reports its full size."""
-    config = getattr(model, "config", None)
+    config = getattr(_model(model), "config", None)
     return getattr(config, "full_vocab_size", None) or getattr(config, "vocab_size", None)
+
+
+DRAFT = frozenset({"draft"})
+REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add a method to the registry (by name: a second registration replaces the first)."""
+    REGISTRY[method.name] = method
+    return method
+
+
+for _method in (
+    Method("ar", lambda models, what: NoDraft(), policies.DraftingPolicy),
+    Method("greedy", _draft_model, policies.DraftingPolicy, DRAFT),
+    Method("sampling", _draft_model, policies.DraftingPolicy, DRAFT),
+    Method("adaptive-hf", _draft_model, policies.HeuristicGamma, DRAFT),
+    Method("adaptive-dual", _draft_model, policies.DualSignalGamma, DRAFT),
+    Method("oracle", _draft_model, policies.Oracle, DRAFT, greedy_only=True),
+    Method("entropy-stop", _draft_model, policies.EntropyStop, DRAFT),
+    Method("confidence-stop", _draft_model, policies.ConfidenceStop, DRAFT),
+    Method("adaedl", _draft_model, policies.AdaEDL, DRAFT),
+    Method("learned-stop", _draft_model, policies.LearnedStop, DRAFT),
+    Method("hierarchical", _hierarchy, hierarchy.HierarchyPolicy, frozenset({"draft", "draft_small"})),
+    Method("hierarchical-noloop", _hierarchy, hierarchy.NoLoopPolicy, frozenset({"draft", "draft_small"})),
+    Method("medusa", _medusa, tree_drafting.MedusaPolicy, frozenset({"heads"})),
+    Method("draft-tree", _draft_tree, tree_drafting.DraftTreePolicy, DRAFT),
+):
+    register(_method)
+
+METHODS = tuple(REGISTRY)
+GREEDY_ONLY = tuple(name for name, m in REGISTRY.items() if m.greedy_only)
+HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
+TREES = ("medusa", "draft-tree")
+POLICIES = {name: m.policy for name, m in REGISTRY.items()}
+
+
+def method_for_policy(policy: policies.DraftingPolicy) -> Method:
+    """The registered method whose policy class is the closest ancestor of `policy`'s class (a plain
+    `DraftingPolicy` subclass of your own runs with the draft model)."""
+    mro = type(policy).__mro__
+    candidates = [m for m in REGISTRY.values() if m.name != "ar" and isinstance(policy, m.policy)]
+    return min(candidates, key=lambda m: mro.index(m.policy))
 
 
 def policy_parameters(method: str) -> list[str]:
     """The parameters a method's policy takes through `params` (gamma comes separately)."""
-    signature = inspect.signature(POLICIES[method].__init__)
+    signature = inspect.signature(REGISTRY[method].policy.__init__)
     return [name for name in signature.parameters if name not in ("self", "gamma")]
 
 
-def make_policy(method: str, gamma: int, params: dict | None, draft=None) -> policies.DraftingPolicy:
-    """The policy of `method`, with `params` checked against what it takes."""
+def default_gamma(method: str):
+    """The method's gamma when none is given (None: no cap)."""
+    return inspect.signature(REGISTRY[method].policy.__init__).parameters["gamma"].default
+
+
+def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies.DraftingPolicy:
+    """The policy of `method`, with `params` checked against what it takes (gamma None: its default)."""
     params = dict(params or {})
     allowed = policy_parameters(method)
     unknown = sorted(set(params) - set(allowed))
@@ -99,61 +160,60 @@ def make_policy(method: str, gamma: int, params: dict | None, draft=None) -> pol
         raise ValueError(f"unknown parameter {unknown[0]!r} for method {method!r}; allowed: "
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
-        params.setdefault("draft", draft)
-    return POLICIES[method](gamma, **params)
+        params.setdefault("draft", _model(draft))
+    policy_class = REGISTRY[method].policy
+    return policy_class(**params) if gamma is None else policy_class(gamma, **params)
 
 
-def generate(target, input_ids, max_new_tokens: int, method: str = "greedy", draft=None, draft_small=None,
-             heads=None, gamma: int = 4, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+def make_verifier(policy) -> Verifier:
+    """Exact verification, unless a tree policy asks for Medusa's (lossy) typical acceptance."""
+    if getattr(policy, "acceptance", "exact") == "typical":
+        return TypicalVerifier(*policy.typical)
+    return Verifier()
+
+
+def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None, draft_small=None,
+             heads=None, gamma: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              eos_token_id=None, generator=None, params: dict | None = None) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens after `input_ids` [1, n] with `method` (see the table in
-    this module's docstring), through the one decode loop `engine.decode`. `method` may also be a
-    `policies.DraftingPolicy` object of your own (fresh for each call: policies keep state), run
-    with the draft model.
+    """Generate up to `max_new_tokens` tokens after `input_ids` [1, n] with `method`: a registered name
+    (see the table in this module's docstring) or a `policies.DraftingPolicy` object of your own
+    (fresh for each call: policies keep state; it runs with the proposer of the registered method
+    whose policy class it extends, e.g. the draft model).
 
     temperature 0 is greedy: every method's output equals the target's own greedy output. Otherwise
     tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
-    exactly, for every method (rejection sampling). `gamma` is the fixed draft length (`greedy`,
-    `sampling`), the starting one (`adaptive-*`), or unused (stopping policies cap a round with their
-    `max_gamma` parameter), or the tree's depth (`medusa`, `draft-tree`). `params` holds a policy's own parameters, e.g. `{"tau": 2.0}` for
-    `entropy-stop`; `policy_parameters(method)` lists them. `hierarchical*` drafts with `draft_small`
-    (M1: a draft model or an `ngram.NgramDraft`) pre-verified by `draft` (M2); `medusa` guesses a
-    token tree with `heads` (`medusa.load_heads`), `draft-tree` grows one with `draft`. Arguments a
-    method does not use (`draft` for `ar` and `medusa`, `draft_small` outside `hierarchical*`,
-    `heads` outside `medusa`) are accepted and ignored. Stops after
-    `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
+    exactly, for every method (rejection sampling). `gamma` is the most draft tokens a round may
+    propose (a tree's depth), None for the method's default. `params` holds a policy's own
+    parameters, e.g. `{"tau": 2.0}` for `entropy-stop`; `policy_parameters(method)` lists them.
+    `hierarchical*` drafts with `draft_small` (M1: a draft model or an `ngram.NgramDraft`)
+    pre-verified by `draft` (M2); `medusa` guesses a token tree with `heads` (`medusa.load_heads`),
+    `draft-tree` grows one with `draft`. Models a method does not use are ignored (so one call can
+    try every method). `target`, `draft` and `draft_small` may be models or `runner.ModelRunner`s (a
+    runner owns its model's cache and, on a GPU, its CUDA graphs; reuse it across calls). Stops
+    after `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
     `GenerationResult` whose `rounds` hold per-round statistics.
     """
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'tau': 2.0}}, got {params!r}")
-    if isinstance(method, policies.DraftingPolicy):  # your own policy object, with the draft model
-        policy, method = method, method.name
-        kind = ("medusa" if isinstance(policy, tree_drafting.MedusaPolicy) else
-                "draft-tree" if isinstance(policy, tree_drafting.DraftTreePolicy) else "chain")
-        proposer = make_proposer(f"policy {method!r}", draft, draft_small,
-                                 isinstance(policy, hierarchy.HierarchyPolicy), kind, heads, target)
+    if isinstance(method, policies.DraftingPolicy):  # your own policy object
         if params:
-            raise ValueError(f"params are for a method name; a policy object ({method!r}) takes its parameters "
+            raise ValueError(f"params are for a method name; a policy object ({method.name!r}) takes its parameters "
                              f"in its constructor")
-        check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p)
-        if method in GREEDY_ONLY and temperature != 0:
-            raise ValueError(f"policy {method!r} is greedy only (it reads the target's greedy output); "
-                             f"got temperature {temperature!r}, allowed: 0")
-        return decode(target, proposer, policy, input_ids, max_new_tokens,
-                      Sampler(temperature, top_k, top_p), as_id_set(eos_token_id), generator, method)
-    if not isinstance(method, str) or method not in POLICIES:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}, or a DraftingPolicy object")
-    if method == "ar" and params:
-        raise ValueError(f"method 'ar' takes no params, got {sorted(params)}")
-    check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, None if method == "ar" else gamma)
-    if method in GREEDY_ONLY and temperature != 0:
-        raise ValueError(f"method {method!r} is greedy only (it reads the target's greedy output); "
-                         f"got temperature {temperature!r}, allowed: 0")
-    if method == "ar":
-        proposer, policy = NoDraft(), policies.DraftingPolicy(0)
+        policy, spec, name, what = method, method_for_policy(method), method.name, f"policy {method.name!r}"
+    elif isinstance(method, str) and method in REGISTRY:
+        spec, name, what = REGISTRY[method], method, f"method {method!r}"
+        if method == "ar" and params:
+            raise ValueError(f"method 'ar' takes no params, got {sorted(params)}")
+        policy = None
     else:
-        kind = method if method in TREES else "chain"
-        proposer = make_proposer(f"method {method!r}", draft, draft_small, method in HIERARCHICAL, kind, heads, target)
-        policy = make_policy(method, gamma, params, draft)
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}, or a DraftingPolicy object")
+    check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma)
+    if (spec.greedy_only or name in GREEDY_ONLY) and temperature != 0:
+        raise ValueError(f"{what} is greedy only (it reads the target's greedy output); "
+                         f"got temperature {temperature!r}, allowed: 0")
+    models = {"target": target, "draft": draft, "draft_small": draft_small, "heads": heads}
+    proposer = spec.make_proposer(models, what)
+    if policy is None:
+        policy = policies.DraftingPolicy(0) if name == "ar" else make_policy(name, gamma, params, draft)
     return decode(target, proposer, policy, input_ids, max_new_tokens, Sampler(temperature, top_k, top_p),
-                  as_id_set(eos_token_id), generator, method)
+                  as_id_set(eos_token_id), generator, name, make_verifier(policy))

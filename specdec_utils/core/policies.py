@@ -1,8 +1,10 @@
 """Drafting policies: how many tokens the draft proposes (notebooks 03 and 04).
 
-A policy is asked three things by the engine (`engine.decode`):
+A policy answers four questions of the engine (`engine.decode`):
 
-- `round_gamma()`: before a round, the most tokens it may draft (round level, notebook 03);
+- `round_gamma()`: before a round, the most tokens it may draft (round level, notebook 03), never more
+  than its `gamma`: for every method `gamma` means the most draft tokens a round may propose (along any
+  path of a tree);
 - `stop_before(step)` / `stop_after(step)`: while drafting, whether to drop the token the draft is
   about to propose, or to propose it and stop (token level, notebook 04);
 - `observe(stats)`: after the target verified the round, what happened (`engine.RoundStats`).
@@ -40,13 +42,13 @@ def _count(value, low=1) -> bool:
 
 class DraftingPolicy:
     """The fixed-gamma policy of Leviathan et al. (2023): always draft `gamma` tokens. Every other
-    policy overrides a hook or two."""
+    policy overrides a hook or two; `gamma` is always the most tokens a round may draft."""
     name = "fixed"
     reason = "policy"      # the stop reason recorded when a hook stops drafting
     needs_hidden = False   # True if stop_before/stop_after read `step.hidden`
 
     def __init__(self, gamma: int = 4):
-        require("gamma", gamma, _count(gamma, 0), "an integer >= 0")
+        require("gamma", gamma, _count(gamma, 0), "an integer >= 0 (the most draft tokens per round)")
         self.gamma = self.initial_gamma = gamma
 
     def round_gamma(self) -> int:
@@ -66,12 +68,21 @@ class DraftingPolicy:
 class HeuristicGamma(DraftingPolicy):
     """Hugging Face's `num_assistant_tokens_schedule="heuristic"` (transformers
     `AssistedCandidateGenerator.update_candidate_strategy`): +2 after a round whose candidates were
-    all accepted, -1 (never below 1) otherwise. No upper bound, as in transformers."""
+    all accepted, -1 (never below 1) otherwise, starting from `start`. `gamma=None`: no upper bound, as
+    in transformers (the token budget still caps a round)."""
     name = "adaptive-hf"
+
+    def __init__(self, gamma: int | None = None, start: int = 4):
+        require("gamma", gamma, gamma is None or _count(gamma), "an integer >= 1 or None (no cap)")
+        require("start", start, _count(start), "an integer >= 1")
+        super().__init__(start if gamma is None else min(start, gamma))
+        self.max_gamma = gamma
 
     def observe(self, stats) -> None:
         if stats.drafted and stats.accepted == stats.drafted:
             self.gamma += 2
+            if self.max_gamma is not None:
+                self.gamma = min(self.gamma, self.max_gamma)
         elif stats.drafted:
             self.gamma = max(1, self.gamma - 1)
 
@@ -79,17 +90,20 @@ class HeuristicGamma(DraftingPolicy):
 class DualSignalGamma(DraftingPolicy):
     """The dual signal: the last round's acceptance (accepted / drafted) above `high` -> +1,
     below `low` -> -1; in between, a confident draft (mean entropy of the round's drafted tokens
-    below `entropy_threshold` nats) with acceptance >= 0.5 -> +1. gamma stays in [min_gamma, max_gamma]."""
+    below `entropy_threshold` nats) with acceptance >= 0.5 -> +1. A round's length starts at `start` and
+    stays in [min_gamma, gamma]."""
     name = "adaptive-dual"
 
-    def __init__(self, gamma: int = 4, high: float = 0.8, low: float = 0.3, entropy_threshold: float = 2.0,
-                 min_gamma: int = 1, max_gamma: int = 8):
+    def __init__(self, gamma: int = 8, start: int = 4, high: float = 0.8, low: float = 0.3,
+                 entropy_threshold: float = 2.0, min_gamma: int = 1):
+        max_gamma = gamma
+        require("start", start, _count(start), "an integer >= 1")
         for name, value in (("high", high), ("low", low)):
             require(name, value, _number(value, 0, 1), "a number in [0, 1]")
         require("entropy_threshold", entropy_threshold, _number(entropy_threshold, 0), "a number >= 0 (nats)")
         require("min_gamma", min_gamma, _count(min_gamma), "an integer >= 1")
-        require("max_gamma", max_gamma, _count(max_gamma, min_gamma), f"an integer >= min_gamma ({min_gamma})")
-        super().__init__(min(max(gamma, min_gamma), max_gamma))
+        require("gamma", max_gamma, _count(max_gamma, min_gamma), f"an integer >= min_gamma ({min_gamma})")
+        super().__init__(min(max(start, min_gamma), max_gamma))
         self.high, self.low, self.entropy_threshold = high, low, entropy_threshold
         self.min_gamma, self.max_gamma = min_gamma, max_gamma
         self.entropies: list[float] = []
@@ -120,22 +134,21 @@ class Oracle(DraftingPolicy):
     """Knows the target's greedy output (`reference`, the new token ids of plain greedy decoding)
     and drafts exactly the tokens the target will accept, then stops: no draft is ever wasted, and
     the target's token comes as the bonus. An upper bound for any gamma policy with this draft
-    (greedy only: it reads the target's answer). `max_gamma` caps one round's verification width.
+    (greedy only: it reads the target's answer). `gamma` caps one round's verification width.
     In float32 the engine's greedy output equals the reference; in bfloat16 a near tie can make it
     depart from the reference, and from there on the oracle's knowledge is wrong (it drafts little),
     so it is no upper bound there."""
     name = "oracle"
     reason = "oracle"
 
-    def __init__(self, gamma: int = 4, reference: list[int] | None = None, max_gamma: int = 16):
+    def __init__(self, gamma: int = 16, reference: list[int] | None = None):
         if reference is None:
             raise ValueError("method 'oracle' needs params={'reference': <the target's greedy new token ids>}")
         if isinstance(reference, torch.Tensor):
             reference = reference.flatten().tolist()
         require("reference", reference, isinstance(reference, (list, tuple))
                 and all(_count(token, 0) for token in reference), "a list of token ids (integers >= 0)")
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
-        super().__init__(max_gamma)
+        super().__init__(gamma)
         self.reference = list(reference)
 
     def stop_before(self, step) -> bool:
@@ -152,11 +165,10 @@ class EntropyStop(DraftingPolicy):
     name = "entropy-stop"
     reason = "entropy"
 
-    def __init__(self, gamma: int = 4, tau: float | None = None, tau0: float = 0.0, max_gamma: int = 10):
+    def __init__(self, gamma: int = 10, tau: float | None = None, tau0: float = 0.0):
         require("tau", tau, tau is None or _number(tau, 0), "a number >= 0 (nats) or None (adaptive)")
         require("tau0", tau0, _number(tau0, 0), "a number >= 0 (nats)")
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
-        super().__init__(max_gamma)
+        super().__init__(gamma)
         self.adaptive = tau is None
         self.tau = tau0 if tau is None else tau
         self.rejected_entropies: list[float] = []
@@ -182,15 +194,15 @@ class ConfidenceStop(DraftingPolicy):
     the token, then stop if the draft's probability of it is below the threshold (0.4 by default).
     With `refit`, the threshold is re-chosen after every round from the ROC curve of (draft
     probability, accepted?) pairs seen so far, minimising FPR + 3 FNR, once there are more than 5
-    pairs of both kinds (`AssistedCandidateGenerator.update_candidate_strategy`)."""
+    pairs with both kinds among them (`AssistedCandidateGenerator.update_candidate_strategy`, which
+    does it only when scikit-learn is installed; `min_cost_threshold` uses the same `roc_curve`)."""
     name = "confidence-stop"
     reason = "confidence"
 
-    def __init__(self, gamma: int = 4, threshold: float = 0.4, refit: bool = True, max_gamma: int = 10):
+    def __init__(self, gamma: int = 10, threshold: float = 0.4, refit: bool = True):
         require("threshold", threshold, _number(threshold, 0, 1), "a probability in [0, 1]")
         require("refit", refit, isinstance(refit, bool), "True or False")
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
-        super().__init__(max_gamma)
+        super().__init__(gamma)
         self.threshold, self.refit = threshold, refit
         self.probs: list[float] = []    # judged draft tokens: the draft's probability of each ...
         self.matches: list[int] = []    # ... and whether the target accepted it
@@ -213,16 +225,16 @@ class ConfidenceStop(DraftingPolicy):
 
 
 def min_cost_threshold(scores: list[float], labels: list[int], false_negative_cost: float = 3.0) -> float:
-    """The score threshold t minimising FPR(t) + cost * FNR(t), where a score >= t predicts label 1
-    (the ROC-curve rule of transformers' assisted generation; ties go to the highest t)."""
-    scores_t = torch.tensor(scores, dtype=torch.float64)
-    labels_t = torch.tensor(labels, dtype=torch.bool)
-    thresholds = torch.cat([torch.tensor([math.inf], dtype=torch.float64), scores_t.unique().flip(0)])
-    predicted = scores_t[None, :] >= thresholds[:, None]             # [thresholds, samples]
-    tpr = (predicted & labels_t).sum(1) / labels_t.sum()
-    fpr = (predicted & ~labels_t).sum(1) / (~labels_t).sum()
+    """The score threshold t minimising FPR(t) + cost * FNR(t), where a score >= t predicts label 1: the
+    ROC-curve rule of transformers' assisted generation (`AssistedCandidateGenerator.update_candidate_strategy`),
+    computed as it does, with scikit-learn's `roc_curve` and the first minimum (the highest t among equal
+    costs). Costs that are equal on paper can differ in their last bit, so a reimplementation that rounds
+    differently picks another threshold now and then; calling the same function keeps the two identical."""
+    import numpy as np
+    from sklearn.metrics import roc_curve
+    fpr, tpr, thresholds = roc_curve(labels, scores)
     costs = fpr + false_negative_cost * (1 - tpr)
-    return float(thresholds[int(costs.argmin())])
+    return float(thresholds[np.argmin(costs)])
 
 
 class AdaEDL(DraftingPolicy):
@@ -231,20 +243,18 @@ class AdaEDL(DraftingPolicy):
     1 - sqrt(entropy_factor * H(q)), is below lam. lam adapts after each round as in Draft & Verify
     (Zhang et al. 2024), whose constants AdaEDL reuses: the smoothed acceptance
     AR <- beta1 AR + (1 - beta1) accepted / drafted; lam' = lam + eps if AR < alpha, else lam if the
-    round drafted max_gamma tokens, else lam - eps; lam <- beta2 lam + (1 - beta2) lam'.
+    round drafted gamma tokens, else lam - eps; lam <- beta2 lam + (1 - beta2) lam'.
     (Taken from Draft & Verify's code and secondary descriptions of AdaEDL; the paper leaves lam0 open.)"""
     name = "adaedl"
     reason = "adaedl"
 
-    def __init__(self, gamma: int = 4, lam0: float = 0.3, entropy_factor: float = 0.2, alpha: float = 0.9,
-                 beta1: float = 0.5, beta2: float = 0.9, eps: float = 0.01, adapt: bool = True,
-                 max_gamma: int = 10):
+    def __init__(self, gamma: int = 10, lam0: float = 0.3, entropy_factor: float = 0.2, alpha: float = 0.9,
+                 beta1: float = 0.5, beta2: float = 0.9, eps: float = 0.01, adapt: bool = True):
         for name, value in (("lam0", lam0), ("alpha", alpha), ("beta1", beta1), ("beta2", beta2), ("eps", eps)):
             require(name, value, _number(value, 0, 1), "a number in [0, 1]")
         require("entropy_factor", entropy_factor, _number(entropy_factor, 0), "a number >= 0")
         require("adapt", adapt, isinstance(adapt, bool), "True or False")
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
-        super().__init__(max_gamma)
+        super().__init__(gamma)
         self.lam, self.entropy_factor, self.alpha = lam0, entropy_factor, alpha
         self.beta1, self.beta2, self.eps, self.adapt = beta1, beta2, eps, adapt
         self.smoothed_acceptance = alpha
@@ -280,11 +290,10 @@ class LearnedStop(DraftingPolicy):
     reason = "learned"
     needs_hidden = True
 
-    def __init__(self, gamma: int = 4, threshold: float = 0.7, head=None, draft=None, max_gamma: int = 10):
+    def __init__(self, gamma: int = 10, threshold: float = 0.7, head=None, draft=None):
         from .stop_head import resolve_head
         require("threshold", threshold, _number(threshold, 0, 1), "a probability in [0, 1]")
-        require("max_gamma", max_gamma, _count(max_gamma), "an integer >= 1")
-        super().__init__(max_gamma)
+        super().__init__(gamma)
         self.threshold = threshold
         self.head = resolve_head(head, draft)
         self.survival = 1.0

@@ -92,6 +92,13 @@ def _residual_distribution(target_row: torch.Tensor, draft_row: torch.Tensor) ->
     return residual if residual.sum() > 0 else target_row
 
 
+def residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): the distribution the target still owes after a draft token drawn from q
+    was rejected (the same rule, and the same fallback to p when no mass is left, for chains and trees)."""
+    rest = _residual_distribution(target_row, draft_row)
+    return rest / rest.sum()
+
+
 def _probs_of_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """probs[i, tokens[i]] for each i, as float64 on the CPU: only k numbers leave the device."""
     index = tokens.to(probs.device)[:, None]

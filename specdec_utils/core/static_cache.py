@@ -11,7 +11,7 @@ once, writes each forward's keys and values at a pointer, and rolls back by movi
 
 In **eager** mode a forward sees the view `keys[:, :, :length]`: exactly the tensors a
 `DynamicCache` would hold, so every mask, tree pass and attention backend works unchanged and the
-outputs are the same. In **graphed** mode (`cuda_graphs.py`) a forward writes at a slot tensor and
+outputs are the same. In **graphed** mode (`runner.py`) a forward writes at a slot tensor and
 attends over the whole buffer under an explicit mask: fixed shapes, fixed addresses, which is what a
 CUDA graph needs. The same object serves both.
 
@@ -26,7 +26,6 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 CHUNK = 128  # capacity: room for this many more positions, rounded up to a multiple of it
-ENABLED = True  # False: new generations start from transformers' DynamicCache (to compare the two)
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -74,9 +73,6 @@ class PreallocatedLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.length
-
-    def get_max_length(self) -> int:
-        return -1  # grows when needed
 
     def crop(self, tokens_to_remove: int) -> None:
         """Negative: remove that many positions (transformers >= 5.2x); positive: keep that many (the
@@ -143,15 +139,3 @@ def supports_static_cache(model) -> bool:
     """True for a transformers decoder (the course's target, drafts, a random Llama); False for the
     toy models of the exactness tests and the n-gram "model", which keep their own tuple caches."""
     return isinstance(model, PreTrainedModel) and isinstance(getattr(model.config, "num_hidden_layers", None), int)
-
-
-def new_cache(model, tokens: int):
-    """The cache a first forward over `tokens` positions starts from: a `StaticKVCache` with room to
-    spare for a transformers decoder (a graph-enabled model hands out its own), None otherwise (the
-    model then builds its own cache)."""
-    runner = getattr(model, "_specdec_graphs", None)
-    if runner is not None:
-        return runner.new_cache(tokens)
-    if not ENABLED or not supports_static_cache(model):
-        return None
-    return StaticKVCache.for_model(model, tokens + CHUNK)

@@ -99,7 +99,7 @@ def collect(target, draft, corpus: list[dict], batch_size: int = 8) -> tuple[tor
     position whose next token is a continuation token, the head's input (`StopHead.features`), and
     the exact acceptance probabilities of the draft's next token [2]: greedy (argmax q == argmax p)
     and sampled at temperature 1 (sum min(p, q))."""
-    from .engine import _last_hidden_state
+    from .hidden import capture_hidden
     features, labels = [], []
     device = next(target.parameters()).device
     for start in progress(range(0, len(corpus), batch_size), desc="stop-head data"):
@@ -112,7 +112,7 @@ def collect(target, draft, corpus: list[dict], batch_size: int = 8) -> tuple[tor
             mask[i, :len(row["ids"])] = 1
         ids, mask = ids.to(device), mask.to(device)
         p = target(input_ids=ids, attention_mask=mask).logits.float().softmax(-1)
-        with _last_hidden_state(draft, True) as hidden:
+        with capture_hidden(draft, "head") as hidden:
             draft_logits = draft(input_ids=ids, attention_mask=mask).logits.float()
         for i, row in enumerate(rows):
             positions = torch.arange(row["prompt_len"] - 1, len(row["ids"]) - 1, device=device)

@@ -7,15 +7,8 @@ L - 1 + depth(i) (L = committed tokens) and attends to the whole committed prefi
 itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation). Row 0 of the
 logits it returns is the root's next-token distribution, row 1 + i node i's.
 
-Verification walks from the root. Greedy: move to the child whose token is the target's argmax,
-while there is one; then add the argmax (the correction, or the bonus at a leaf): the output is the
-target's own greedy output. Sampled: SpecInfer's multi-step speculative sampling (Miao et al. 2024):
-try the children in turn, child c accepted with probability min(1, p(x_c) / q_c(x_c)), after a
-rejection p <- norm(max(p - q_c, 0)); after all rejections sample from what is left. q_c is the
-distribution child c was drawn from, given the siblings drawn before it; a child chosen
-deterministically (top-k of heads or a draft) has q_c = one-hot, so it is accepted with probability
-p(x_c) and rejected by zeroing x_c. Either way each emitted token is distributed exactly as the
-target's (`probs` None in a sampled tree proposal means every child is deterministic).
+Verification (`verify.py`) walks the tree from the root, greedy or with SpecInfer's exact
+sampling; a chain is the tree whose parents are `arange(k) - 1` (`chain_parents`).
 
 After acceptance, `gather_cache` moves the accepted path's keys and values into place right after
 the prefix and drops the rest: no recomputation.
@@ -27,8 +20,7 @@ import math
 import torch
 
 from .kv_cache import cache_length, trim_cache
-from .sampling import sample_token
-from .static_cache import new_cache
+from .runner import new_cache
 
 
 # --------------------------------------------------------------------------- structure
@@ -56,18 +48,21 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+def chain_parents(k: int) -> torch.Tensor:
+    """The parents of a chain of k tokens: each node's parent is the one before it."""
+    return torch.arange(k) - 1
+
+
+def is_chain(parents: torch.Tensor | None) -> bool:
+    """True for None (a proposal without a tree) and for parents = arange(T) - 1."""
+    if parents is None:
+        return True
+    return bool((parents.cpu() == torch.arange(len(parents)) - 1).all())
+
+
 def depths(parents: torch.Tensor) -> torch.Tensor:
     """depth[i] = 1 for children of the root, parent's depth + 1 below."""
     return tree_mask(parents).sum(-1)
-
-
-def children_lists(parents: list[int]) -> dict[int, list[int]]:
-    """{node (-1 = root): its children in index order}."""
-    out: dict[int, list[int]] = {-1: []}
-    for i, parent in enumerate(parents):
-        out.setdefault(parent, []).append(i)
-        out.setdefault(i, [])
-    return out
 
 
 # --------------------------------------------------------------------------- the target pass
@@ -136,73 +131,6 @@ def gather_cache(cache, prefix: int, keep: torch.Tensor):
             layer.keys[..., prefix:prefix + k, :] = layer.keys.index_select(-2, index)
             layer.values[..., prefix:prefix + k, :] = layer.values.index_select(-2, index)
     return trim_cache(cache, prefix + k)
-
-
-# --------------------------------------------------------------------------- verification
-def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: torch.Tensor, sampler,
-                generator, typical: tuple[float, float] | None = None) -> tuple[list[int], list[int]]:
-    """Walk the tree: returns (new tokens: the accepted path then one target token, accepted node
-    indices). target_logits [T + 1, V] (row 0 = root). `q` [T, V]: the distribution each node was
-    drawn from (sampled children), or None: every node was chosen deterministically (one-hot q).
-    `typical=(eps, delta)` (sampled only) replaces exact verification by Medusa's typical acceptance:
-    move to the most likely child whose target probability exceeds min(eps, delta * exp(-H(p))),
-    then sample from p. It is NOT lossless; it exists to measure how far it moves the output."""
-    tokens = nodes.tolist()
-    children = children_lists(parents.tolist())
-    node, path = -1, []
-    def probs(row: int) -> torch.Tensor:  # warp only the rows the walk visits (top-p sorts the vocabulary)
-        return sampler.probs(target_logits[row:row + 1])[0]
-
-    if typical is not None and not sampler.greedy:
-        while True:
-            p = probs(node + 1)
-            bar = min(typical[0], typical[1] * math.exp(-float(torch.special.entr(p).sum())))
-            good = [c for c in children[node] if float(p[tokens[c]]) > bar]
-            if not good:
-                return [tokens[c] for c in path] + [sample_token(p, generator)], path
-            node = max(good, key=lambda c: float(p[tokens[c]]))
-            path.append(node)
-    if sampler.greedy:
-        choice = target_logits.argmax(-1).tolist()
-        while True:
-            want = choice[node + 1]
-            nxt = next((c for c in children[node] if tokens[c] == want), None)
-            if nxt is None:
-                return [tokens[c] for c in path] + [want], path
-            path.append(nxt)
-            node = nxt
-    while True:
-        p = probs(node + 1)
-        accepted = None
-        for c in children[node]:
-            x = tokens[c]
-            if q is None:
-                ratio = float(p[x])
-            else:
-                qx = float(q[c, x])
-                ratio = 1.0 if qx <= 0 else min(1.0, float(p[x]) / qx)  # qx > 0: x was drawn from q
-            if ratio > 0 and float(torch.rand((), generator=generator)) < ratio:  # a CPU generator, as sample_token
-                accepted = c
-                break
-            p = residual(p, x, None if q is None else q[c])
-        if accepted is None:
-            return [tokens[c] for c in path] + [sample_token(p, generator)], path
-        path.append(accepted)
-        node = accepted
-
-
-def residual(p: torch.Tensor, x: int, q_row: torch.Tensor | None) -> torch.Tensor:
-    """What the target distribution becomes after candidate x (drawn from q_row; one-hot when
-    None) was rejected: norm(max(p - q, 0)). For a one-hot q that is p with x removed."""
-    if q_row is None:
-        p = p.clone()
-        p[x] = 0
-    else:
-        p = (p - q_row).clamp_min(0)
-    total = float(p.sum())
-    if total <= 0:  # only when q covered all of p: then x was accepted with probability 1
-        raise RuntimeError("residual distribution vanished after a rejection")
-    return p / total
 
 
 # --------------------------------------------------------------------------- building trees

@@ -1,7 +1,7 @@
 """Tree proposers for the engine (notebook 06): Medusa heads, and a draft model that grows a tree.
 
 Both return a `Proposal` with `parents` set; the engine verifies the whole tree in one target pass
-(`tree.forward_tree`), walks it (`tree.verify_tree`) and keeps the accepted path's cache entries
+(`tree.forward_tree`), walks it (`verify.verify_tree`) and keeps the accepted path's cache entries
 (`tree.gather_cache`). Candidates are chosen deterministically (top-k), so the per-round pruning
 rules may read their probabilities and sampled verification stays exact (one-hot q; `tree.py`).
 `DraftTreePolicy(sample_children=True)` instead draws each node's children i.i.d. from the draft's
@@ -19,8 +19,8 @@ import math
 import torch
 
 from . import tree as trees
-from .engine import Proposal, forward_uncached
-from .kv_cache import cache_length, trim_cache
+from .engine import Proposal
+from .runner import as_runner
 from .medusa import MedusaHeads
 from .policies import DraftingPolicy, _count, _number, require
 
@@ -146,16 +146,20 @@ class DraftTreeProposer:
     Its cache holds committed tokens only between rounds."""
 
     def __init__(self, draft):
-        self.draft, self.cache, self.prefix = draft, None, 0
+        self.runner, self.prefix = as_runner(draft), 0
+
+    @property
+    def draft(self):
+        return self.runner.model
 
     def rollback(self, committed: int) -> None:
-        self.cache = trim_cache(self.cache, min(cache_length(self.cache), self.prefix, committed))
+        self.runner.rollback(min(self.prefix, committed))
 
     def propose(self, tokens, gamma, policy: DraftTreePolicy, sampler, generator, index) -> Proposal:
         if gamma == 0:
             return Proposal(tokens[0, :0], None, "budget", 0)
         sample = policy.sample_children and not sampler.greedy
-        logits, self.cache = forward_uncached(self.draft, tokens, self.cache)
+        logits = self.runner.forward(tokens)
         self.prefix, forwards, vocab = tokens.shape[1], 1, logits.shape[-1]
         tok, par, score, prob, ent, qrows = [], [], [], [], [], []
         fed: list[int] = []  # candidate indices the draft has seen, in feeding order
@@ -189,8 +193,8 @@ class DraftTreeProposer:
             fed += frontier
             position.update({c: before + i for i, c in enumerate(frontier)})
             fed_parents = torch.tensor([position[par[c]] if par[c] >= 0 else -1 for c in fed])
-            rows, self.cache = trees.forward_tree(self.draft, tokens, torch.tensor([tok[c] for c in fed]),
-                                                  fed_parents, self.cache, fed=before, num_logits=len(frontier))
+            rows = self.runner.forward_tree(tokens, torch.tensor([tok[c] for c in fed]), fed_parents, fed=before,
+                                            num_logits=len(frontier))
             forwards += 1
         nodes = torch.tensor(tok, dtype=torch.long)
         parents = torch.tensor(par, dtype=torch.long)

@@ -12,9 +12,9 @@ Leviathan et al. 2023). `hierarchical*` draft with --draft-small (M1) under --dr
 `greedy` and `oracle` always decode greedily; every other method at
 --temperature and --top-p (`ar` at temperature 0 is plain greedy decoding). `oracle` is given the
 target's greedy output, computed untimed first. `--param METHOD.NAME=VALUE` sets a policy's
-parameter (`methods.policy_parameters`). Forward passes are counted with forward hooks on both
-models, so every method is measured the same way; each record also holds the sums of the engine's
-per-round statistics. Bad arguments exit with status 2 and one line on stderr.
+parameter (`methods.policy_parameters`). Forward passes are counted with forward hooks on the
+models, so every method is measured the same way (with --cuda-graphs, each `ModelRunner`'s own count:
+a graph replay runs no hooks); each record also holds the sums of the engine's per-round statistics. Bad arguments exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
+from .. import report
 from ..core import methods as engine_methods
-from ..core.cuda_graphs import enable_cuda_graphs
 from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
+from ..core.runner import ModelRunner
 from ..models import UnknownModelError, load_model
 from ..prompts import eval_subset, format_prompt, load_prompts
 from ..core.static_cache import supports_static_cache
@@ -212,18 +213,37 @@ def check_policy(method: str, gamma: int, params: dict, draft) -> None:
 
 
 class ForwardCounter:
-    """Counts the forward passes of a model (its top-level module) with a forward hook."""
+    """Counts the forward passes of a model (its top-level module) with a forward hook; of a
+    `ModelRunner`, from the runner's own count (a CUDA graph replay runs no Python hooks, so a hook
+    would miss every graphed step), from now until `remove()`."""
 
     def __init__(self, model):
-        self.calls = 0
-        self._handle = model.register_forward_hook(self._count) if model is not None else None
+        self._hooked = 0
+        self._runner = model if isinstance(model, ModelRunner) else None
+        self._start = self._runner.forwards if self._runner is not None else 0
+        self._end = None  # the runner's count when removed
+        self._handle = (model.register_forward_hook(self._count)
+                        if model is not None and self._runner is None else None)
+
+    @property
+    def calls(self) -> int:
+        if self._runner is None:
+            return self._hooked
+        return (self._runner.forwards if self._end is None else self._end) - self._start
 
     def _count(self, module, args, output):
-        self.calls += 1
+        self._hooked += 1
 
     def remove(self):
-        if self._handle is not None:
+        if self._runner is not None:
+            self._end = self._runner.forwards if self._end is None else self._end
+        elif self._handle is not None:
             self._handle.remove()
+
+
+def plain_model(model_or_runner):
+    """The model of a `ModelRunner`; anything else as it is."""
+    return model_or_runner.model if isinstance(model_or_runner, ModelRunner) else model_or_runner
 
 
 @contextmanager
@@ -241,9 +261,9 @@ def full_vocab_config(draft):
         draft.config.vocab_size = reduced_vocab_size
 
 
-def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
-             temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
-             params: dict | None = None, draft_small=None, heads=None) -> GenerationResult:
+def run_method(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
+               temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
+               params: dict | None = None, draft_small=None, heads=None) -> GenerationResult:
     """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
     (`greedy` and `oracle` at temperature 0), the `hf-*` ones through Hugging Face's `generate`:
     `hf-assisted` (`assistant_model`, constant `num_assistant_tokens` = gamma, no confidence stop: our
@@ -252,12 +272,14 @@ def generate(method: str, target, draft, input_ids, max_new_tokens: int, gamma: 
     our `adaptive-hf` plus `confidence-stop`) and `hf-prompt-lookup` (`prompt_lookup_num_tokens` =
     gamma, no draft model: candidates copied from the prompt and output after the longest matching
     n-gram, up to 2 tokens; notebook 05's zero-cost level). `drafted` and `accepted` are -1 where the
-    method does not say."""
+    method does not say. `target`, `draft` and `draft_small` may be `ModelRunner`s: the engine's methods
+    run on them, Hugging Face's on their models."""
     if method not in HF_METHODS:
         return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
                                        temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
                                        eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
                                        params=params, draft_small=draft_small, heads=heads)
+    target, draft = plain_model(target), plain_model(draft)
     if method == "hf-prompt-lookup":
         switches = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}
     else:
@@ -309,7 +331,10 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     small CPU sample after a timing of the same models). `oracle` gets the target's greedy output of
     each prompt, computed untimed.
     A `Variant` naming its own `draft` / `draft_small` / `heads` runs with `drafts[name]`, so methods
-    with different drafts share one run, prompt by prompt. `heads`: the Medusa heads of `medusa`."""
+    with different drafts share one run, prompt by prompt. `heads`: the Medusa heads of `medusa`.
+    `target`, `draft`, `draft_small` and the values of `drafts` may be `ModelRunner`s, made once (the
+    bench's --cuda-graphs: `ModelRunner(model, graphs=True)`): every engine call reuses their caches and
+    graphs, and their forwards are counted by the runners; Hugging Face's methods get their models."""
     params = params or {}
     variants = [m if isinstance(m, Variant) else Variant(m, m, gamma, params.get(m, {})) for m in methods]
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(device) for row in rows]
@@ -333,9 +358,9 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     def run(variant, input_ids, reference):
         chosen = {**variant.params, "reference": reference} if variant.method == "oracle" else dict(variant.params)
         variant_draft, variant_small, variant_heads = models_of(variant)
-        return generate(variant.method, target, variant_draft, input_ids, max_new_tokens,
-                        gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small,
-                        heads=variant_heads, **settings)
+        return run_method(variant.method, target, variant_draft, input_ids, max_new_tokens,
+                          gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small,
+                          heads=variant_heads, **settings)
 
     for variant in variants if warmup else []:
         with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
@@ -351,8 +376,9 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     for row, input_ids, reference in zip(rows, encoded, references):
         for variant in variants:
             variant_draft, variant_small, variant_heads = models_of(variant)
-            target_calls = ForwardCounter(target)
-            draft_calls = ForwardCounter(variant_heads if variant.method == "medusa" else variant_draft)
+            counted = plain_model if variant.method in HF_METHODS else (lambda model: model)  # HF's run the models
+            target_calls = ForwardCounter(counted(target))
+            draft_calls = ForwardCounter(variant_heads if variant.method == "medusa" else counted(variant_draft))
             small_calls = ForwardCounter(variant_small if variant.method in engine_methods.HIERARCHICAL else None)
             try:
                 with timer(device) as elapsed, attention_backends(torch.device(device)):
@@ -377,39 +403,34 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 "gamma": variant.gamma or gamma,
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
                 "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
-                "cuda_graphs": getattr(target, "_specdec_graphs", None) is not None,
+                "cuda_graphs": isinstance(target, ModelRunner) and target.graphed and target.record,
                 "versions": versions, "date": today,
                 **result.round_sums()})
     return records
 
 
 def tokens_per_second(records: list[dict], category: str | None = None) -> dict[str, float]:
-    """Per method (label): total new tokens / total wall time, over all records or one category's."""
-    chosen = [r for r in records if category in (None, r.get("category"))]
-    methods = dict.fromkeys(r["method"] for r in chosen)
-    return {m: sum(r["new_tokens"] for r in chosen if r["method"] == m) / sum(r["wall_s"] for r in chosen if r["method"] == m)
-            for m in methods}
+    """Per method (label): total new tokens / total wall time, over all records or one category's
+    (`report.tokens_per_second`)."""
+    return {method: report.tokens_per_second(group) for method, group in report.by_method(records, category).items()}
 
 
 def summary_table(records: list[dict]) -> str:
-    """Per method: tokens/s (total new tokens / total wall time), new tokens per target forward
-    pass (the mean accepted length, plus one), acceptance rate (accepted / drafted), rejected draft
-    tokens per output token, draft forwards per output token, and speedup over `ar`."""
-    methods = list(dict.fromkeys(r["method"] for r in records))
-    totals = {m: {key: sum(r[key] for r in records if r["method"] == m)
-                  for key in ("new_tokens", "wall_s", "target_calls", "draft_calls", "drafted", "accepted")}
-              for m in methods}
-    speed = {m: t["new_tokens"] / t["wall_s"] for m, t in totals.items()}
-    width = max([16, *map(len, methods)])
+    """Per method (`report.summarize`, no bootstrap): tokens/s (total new tokens / total wall time), new tokens
+    per target forward pass (the mean accepted length, plus one), acceptance rate (accepted / drafted),
+    rejected draft tokens per output token, draft forwards per output token, and speedup over `ar`;
+    '-' where the records do not say."""
+    rows = report.summarize(records, "ar", intervals=False)
+    width = max([16, *(len(row["method"]) for row in rows)])
+
+    def cell(value, spec: str, size: int, suffix: str = "") -> str:
+        return f"{'-' if value is None else format(value, spec) + suffix:>{size}}"
     lines = [f"{'method':<{width}} {'tokens/s':>9} {'tokens/target call':>19} {'acceptance':>11} {'wasted/token':>13} "
              f"{'draft calls/token':>18} {'speedup vs ar':>14}"]
-    for method, total in totals.items():
-        drafted = total["drafted"] > 0
-        acceptance = f"{total['accepted'] / total['drafted']:.2f}" if drafted else "-"
-        wasted = f"{(total['drafted'] - total['accepted']) / total['new_tokens']:.2f}" if drafted else "-"
-        speedup = f"{speed[method] / speed['ar']:.2f}x" if "ar" in speed else "-"
-        lines.append(f"{method:<{width}} {speed[method]:>9.1f} {total['new_tokens'] / total['target_calls']:>19.2f} "
-                     f"{acceptance:>11} {wasted:>13} {total['draft_calls'] / total['new_tokens']:>18.2f} {speedup:>14}")
+    for row in rows:
+        lines.append(f"{row['method']:<{width}} {row['tok_per_s']:>9.1f} {cell(row['tau'], '.2f', 19)} "
+                     f"{cell(row['acceptance'], '.2f', 11)} {cell(row['waste'], '.2f', 13)} "
+                     f"{cell(row['draft_calls_per_token'], '.2f', 18)} {cell(row['speedup'], '.2f', 14, 'x')}")
     return "\n".join(lines)
 
 
@@ -452,9 +473,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda_graphs:
             if torch.device(args.device).type != "cuda":
                 raise UsageError(f"argument --cuda-graphs: needs a CUDA GPU; this run is on {args.device}")
-            for model in (target, draft, draft_small):
-                if model is not None and supports_static_cache(model):
-                    enable_cuda_graphs(model)
+            # one runner per model, made once: its cache and graphs serve every engine call of the run
+            target, draft, draft_small = (ModelRunner(model, graphs=True)
+                                          if model is not None and supports_static_cache(model) else model
+                                          for model in (target, draft, draft_small))
     except UsageError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2

@@ -74,35 +74,17 @@ def setting(records: list[dict]) -> str:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """One row per method, in the run's order: totals over prompts, speedups against `ar` of the same run.
-    `speedup` is the point value (total tokens / total seconds, over `ar`'s); `speedup_ci` the same ratio as a
-    `report.Estimate` with its paired bootstrap interval over prompts (`report.speedup`), and `verdict` the
-    word it earns against `ar` (`report.verdict`): '-' for `ar` itself."""
-    methods = list(dict.fromkeys(r["method"] for r in records))
-    categories = list(dict.fromkeys(r["category"] for r in records))
-
-    def tok_per_s(method, category=None):
-        chosen = [r for r in records if r["method"] == method and category in (None, r["category"])]
-        return sum(r["new_tokens"] for r in chosen) / sum(r["wall_s"] for r in chosen)
-
+    """One row per method, in the run's order: `report.summarize` against `ar` (tokens/s, the point `speedup`,
+    `speedup_ci` with its paired bootstrap interval over prompts, `verdict`, `tau`, `waste`, `by_category`), plus
+    `same_as_ar`: (prompts whose output equals `ar`'s, prompts) when both decode greedily, else None."""
     ar_tokens = {r["id"]: r["new_token_ids"] for r in records if r["method"] == "ar"}
     greedy_ar = all(r.get("temperature", 0.0) == 0 for r in records if r["method"] == "ar")
-    rows = []
-    for method in methods:
-        chosen = [r for r in records if r["method"] == method]
-        tokens = sum(r["new_tokens"] for r in chosen)
-        drafted = [r.get("drafted", -1) for r in chosen]
+    rows = report.summarize(records, "ar")
+    for row in rows:
+        chosen = report.select(records, row["method"])
         greedy = all(r.get("temperature", 0.0) == 0 for r in chosen)
-        point = tok_per_s(method) / tok_per_s("ar")
-        interval = report.speedup(records, method) if method != "ar" else report.Estimate(1.0, 1.0, 1.0, "baseline")
-        rows.append({
-            "method": method, "tok_per_s": tok_per_s(method), "speedup": point,
-            "speedup_ci": interval, "verdict": report.verdict(interval) if method != "ar" else "-",
-            "tau": tokens / sum(r["target_calls"] for r in chosen),
-            "waste": (sum(d - r["accepted"] for d, r in zip(drafted, chosen)) / tokens) if min(drafted) >= 0 else None,
-            "same_as_ar": (sum(r["new_token_ids"] == ar_tokens.get(r["id"]) for r in chosen), len(chosen))
-            if greedy and greedy_ar else None,
-            "by_category": {c: tok_per_s(method, c) / tok_per_s("ar", c) for c in categories}})
+        row["same_as_ar"] = (sum(r["new_token_ids"] == ar_tokens.get(r["id"]) for r in chosen), len(chosen)) \
+            if greedy and greedy_ar else None
     return rows
 
 
@@ -127,8 +109,10 @@ def markdown(runs: list[list[dict]]) -> str:
             ci = row["speedup_ci"]
             speedup = f"**{row['speedup']:.2f}x** (baseline)" if row["method"] == "ar" else \
                 f"**{row['speedup']:.2f}x** ({ci.low:.2f}-{ci.high:.2f})"
+            by_category = [f"{row['by_category'][c]:.2f}x" if row["by_category"][c] is not None else "-"
+                           for c in categories]
             cells = [f"`{row['method']}`", f"{row['tok_per_s']:.1f}", speedup, row["verdict"], f"{row['tau']:.2f}",
-                     waste, same, *(f"{row['by_category'][c]:.2f}x" for c in categories)]
+                     waste, same, *by_category]
             parts.append("| " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts)

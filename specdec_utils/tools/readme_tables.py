@@ -30,8 +30,7 @@ def _load(name: str) -> list | dict:
 
 
 def _tok_s(records, method) -> float:
-    rs = [r for r in records if r["method"] == method]
-    return sum(r["new_tokens"] for r in rs) / sum(r["wall_s"] for r in rs)
+    return report.tokens_per_second(report.select(records, method))
 
 
 def _device(records) -> str:
@@ -42,13 +41,6 @@ def _device(records) -> str:
 
 def _at(records, temperature: float) -> list[dict]:
     return [r for r in records if float(r.get("temperature", 0.0)) == temperature]
-
-
-def _waste(records, method) -> float | None:
-    rs = [r for r in records if r["method"] == method]
-    if any(r.get("drafted", -1) < 0 for r in rs):
-        return None
-    return sum(r["drafted"] - r["accepted"] for r in rs) / sum(r["new_tokens"] for r in rs)
 
 
 # --------------------------------------------------------------------------- the blocks
@@ -106,7 +98,7 @@ def _speedup_grid(files, *, temperature=0.0, label_of=lambda m: f"`{m}`") -> str
             if m == "ar":
                 cells.append(f"1.00x ({_tok_s(records, 'ar'):.1f} tok/s)")
             elif m in est:
-                waste = _waste(records, m)
+                waste = report.waste_per_token(report.select(records, m))
                 text = f"{est[m]:.2fx}" + (f" ({waste:.2f})" if waste is not None else "")
                 cells.append(f"**{text}**" if m in top else text)
             else:

@@ -1,0 +1,284 @@
+"""A runner per model: it owns the model's KV cache and CUDA graphs, and runs its forwards.
+
+The decode loop and the proposers never hold a `(model, cache)` pair: they hold runners.
+
+    runner = ModelRunner(model)                  # eager (CPU, or a GPU without graphs)
+    runner = ModelRunner(model, graphs=True)     # a CUDA GPU: decode steps replayed from CUDA graphs
+    runner.begin()                               # a new generation: the cache rolled back to 0
+    logits = runner.forward(tokens, num_logits)  # feed what the cache has not seen (the prefill first)
+    logits = runner.forward_tree(tokens, nodes, parents, num_logits=...)   # a token tree (notebook 06)
+    runner.commit(prefix, path, length)          # keep the accepted path after the prefix, drop the rest
+
+`forward*(..., hidden="norm" | "head")` also returns that hidden state (`hidden.py`). The cache is the
+preallocated `StaticKVCache` (notebook 08) for a transformers decoder, `cache="dynamic"` for
+transformers' own `DynamicCache` (to compare), and the model's own tuple cache for the toy models of
+the tests. A runner is used by one generation at a time; a target that drafts for itself gets two
+runners (two caches), never one cache twice.
+
+**Graphs** (`graphs=True`, CUDA only). A CUDA graph records a step's kernel launches once and replays
+them in one call; it fixes every shape and address it touched. So a graphed step writes its keys and
+values at `slots = start + arange(n)` of the whole preallocated buffer and attends over all of it under
+the mask `key position <= query position` (`static_forward`), with `start` a one-element tensor set
+before each replay. One graph per (tokens fed n, logits kept, cache capacity, cache epoch): the target's
+verification pass has n = k + 1 for k in 0..gamma, a draft step n = 1 or 2. The cache's buffers are
+replaced when it grows: its epoch moves on and every graph of the old buffers is dropped. The prefill,
+longer inputs, tree passes and forwards that must return a hidden state (a replay runs no Python hooks)
+run eagerly on the same cache.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from .kv_cache import cache_length, trim_cache
+from .static_cache import CHUNK, StaticKVCache, supports_static_cache
+
+MAX_GRAPH_TOKENS = 16  # forwards of more tokens run eagerly (the prefill, long catch-ups)
+CACHES = ("static", "dynamic")
+
+
+def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
+    """Run `model` on the tokens of `tokens` [1, seq_len] that `cache` has not seen yet (all of
+    them when `cache` is None: the prefill, which starts a preallocated `StaticKVCache` for a
+    transformers model). Return the last `num_logits` logits [num_logits, V] and the grown cache;
+    positions follow from the cache length. (The stateless form of `ModelRunner.forward`.)"""
+    if cache is None:
+        cache = new_cache(model, tokens.shape[1])
+    seen = cache_length(cache)
+    out = model(input_ids=tokens[:, seen:], past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
+    return out.logits[0, -num_logits:], out.past_key_values
+
+
+def new_cache(model, tokens: int, kind: str = "static"):
+    """The cache a first forward over `tokens` positions starts from: a `StaticKVCache` with room to
+    spare for a transformers decoder; None otherwise, or with kind "dynamic" (the model then builds its
+    own: transformers' `DynamicCache`, or a toy model's tuples)."""
+    if kind != "static" or not supports_static_cache(model):
+        return None
+    return StaticKVCache.for_model(model, tokens + CHUNK)
+
+
+def attention_backends(device, avoid_cudnn: bool = True):
+    """On a CUDA GPU, let SDPA choose among flash, memory-efficient and math attention but not cuDNN.
+    PyTorch prefers cuDNN's attention on recent GPUs, and cuDNN builds (and caches) an execution plan
+    for every new (query length, key length): speculative decoding makes new ones every round, so
+    each round paid milliseconds of plan building (notebook 08 profiles it). Elsewhere: no change."""
+    if device.type != "cuda" or not avoid_cudnn:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+class _Graph:
+    def __init__(self, graph, ids, start, logits):
+        self.graph, self.ids, self.start, self.logits = graph, ids, start, logits
+
+
+class ModelRunner:
+    """Owns one model's cache (and its CUDA graphs with `graphs=True`) and runs its forwards.
+
+    `capacity`: positions a cache holds at least (a graphed step attends over the whole buffer, so a
+    buffer much larger than the text costs attention time for nothing); `max_graph_tokens`: longer
+    forwards run eagerly; `cache`: "static" (the course's preallocated cache) or "dynamic"
+    (transformers' `DynamicCache`, eager only); `avoid_cudnn`: see `attention_backends`."""
+
+    def __init__(self, model, graphs: bool = False, capacity: int = 0, max_graph_tokens: int = MAX_GRAPH_TOKENS,
+                 cache: str = "static", avoid_cudnn: bool = True, record: bool = True):
+        if isinstance(model, ModelRunner):
+            raise ValueError("ModelRunner takes a model, got a ModelRunner: use that runner itself")
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+        if not (isinstance(capacity, int) and capacity >= 0 and isinstance(max_graph_tokens, int)
+                and max_graph_tokens >= 1):
+            raise ValueError(f"capacity must be an integer >= 0 and max_graph_tokens >= 1, got {capacity!r}, "
+                             f"{max_graph_tokens!r}")
+        self.model, self.kind, self.capacity, self.max_graph_tokens = model, cache, capacity, max_graph_tokens
+        self.avoid_cudnn = avoid_cudnn
+        self.device = _device_of(model)
+        self.graphed = bool(graphs)
+        if self.graphed:
+            if self.device.type != "cuda" and record:
+                raise ValueError(f"CUDA graphs need the model on a CUDA GPU; this one is on {self.device.type} "
+                                 "(run it with graphs=False: the same static cache, eagerly)")
+            if cache != "static" or not supports_static_cache(model):
+                raise ValueError("CUDA graphs need the static cache of a transformers decoder "
+                                 f"({type(model).__name__}, cache={cache!r})")
+        self.record = record  # False: run `static_forward` without recording it (how CPU tests check its arithmetic)
+        self.cache = None
+        self.epoch = 0        # moves on when the cache's buffers are replaced (its graphs die with them)
+        self.graphs: dict[tuple, _Graph] = {}
+        self.captures = 0     # graphs recorded so far
+        self.replays = 0      # forwards served by a graph
+        self.forwards = 0     # forwards run (replays included)
+        self.pool = torch.cuda.graph_pool_handle() if self.graphed and record else None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def length(self) -> int:
+        """Positions the cache holds."""
+        return cache_length(self.cache)
+
+    def begin(self, prompt_len: int = 0) -> None:
+        """A new generation starts: keep the cache's buffers (and graphs), hold nothing."""
+        if isinstance(self.cache, StaticKVCache):
+            self.cache.rollback(0)
+            self._reserve(prompt_len + CHUNK)
+        else:
+            self.cache = None
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions (at most what the cache holds)."""
+        self.cache = trim_cache(self.cache, min(self.length, length))
+
+    def commit(self, prefix: int, path, length: int) -> None:
+        """Keep the first `prefix` positions then the positions `prefix + path` (the accepted nodes of a
+        tree, in order), moved into place, then cut at `length`. For a chain the path is already in
+        place and only the pointer moves."""
+        from .tree import gather_cache
+        keep = torch.as_tensor(list(path), dtype=torch.long)
+        self.cache = gather_cache(self.cache, prefix, keep)
+        self.cache = trim_cache(self.cache, length)
+
+    # ------------------------------------------------------------------ forwards
+    def forward(self, tokens: torch.Tensor, num_logits: int = 1, hidden: str | None = None):
+        """Feed the tokens of `tokens` [1, L] the cache has not seen; return the last `num_logits`
+        logits [num_logits, V] (and the hidden state [n, H] at `hidden`, if asked)."""
+        self.forwards += 1
+        if self.cache is None:
+            self.cache = new_cache(self.model, tokens.shape[1] + self.capacity, self.kind)
+        seen = self.length
+        new = tokens[:, seen:]
+        if hidden is None and self._graphable(new.shape[1]):
+            return self._replay(new, num_logits)
+        with self._capture(hidden) as captured, attention_backends(self.device, self.avoid_cudnn):
+            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=num_logits)
+        self._adopt(out.past_key_values)
+        logits = out.logits[0, -num_logits:]
+        return logits if hidden is None else (logits, captured[0][0])
+
+    def forward_tree(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, fed: int = 0,
+                     num_logits: int | None = None, hidden: str | None = None):
+        """One forward over what the cache lacks of `tokens` [1, L] then tree nodes `fed:` (tree
+        positions and mask, `tree.forward_tree`); a chain (parents = arange(T) - 1, nothing cached of
+        it) is an ordinary causal forward, graphed where it can be. Returns the last `num_logits`
+        logits (and the hidden state at `hidden`)."""
+        from .tree import forward_tree, is_chain
+        if fed == 0 and is_chain(parents):
+            return self.forward(torch.cat([tokens, nodes.to(tokens.device)[None]], dim=1),
+                                len(nodes) + 1 if num_logits is None else num_logits, hidden)
+        self.forwards += 1
+        if self.cache is None:
+            self.cache = new_cache(self.model, tokens.shape[1] + len(parents) + self.capacity, self.kind)
+            if self.cache is None and self.kind == "dynamic" and supports_static_cache(self.model):
+                from transformers import DynamicCache
+                self.cache = DynamicCache()  # given None, tree.forward_tree would start a static cache
+        with self._capture(hidden) as captured, attention_backends(self.device, self.avoid_cudnn):
+            logits, cache = forward_tree(self.model, tokens, nodes, parents, self.cache, fed, num_logits)
+        self._adopt(cache)
+        return logits if hidden is None else (logits, captured[0][0])
+
+    # ------------------------------------------------------------------ internals
+    def _capture(self, hidden):
+        if hidden is None:
+            return nullcontext([])
+        from .hidden import capture_hidden
+        return capture_hidden(self.model, hidden)
+
+    def _adopt(self, cache) -> None:
+        """Take the cache a forward returned; a static cache that grew has new buffers: drop their graphs."""
+        if isinstance(cache, StaticKVCache) and self.graphs and self._buffers_changed(cache):
+            self._drop_graphs()
+        self.cache = cache
+
+    def _buffers_changed(self, cache) -> bool:
+        return cache.capacity != self._graph_capacity
+
+    def _reserve(self, capacity: int) -> None:
+        before = self.cache.capacity
+        self.cache.reserve(capacity)
+        if self.cache.capacity != before:
+            self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
+        self.graphs.clear()
+        self.epoch += 1
+
+    def _graphable(self, n: int) -> bool:
+        cache = self.cache
+        return (self.graphed and isinstance(cache, StaticKVCache) and cache.length > 0
+                and 1 <= n <= self.max_graph_tokens and cache.length + n <= cache.capacity)
+
+    def _replay(self, new_ids: torch.Tensor, num_logits: int) -> torch.Tensor:
+        cache, n = self.cache, new_ids.shape[1]
+        if self.graphs and cache.capacity != self._graph_capacity:  # grown since the graphs were recorded
+            self._drop_graphs()
+        key = (n, num_logits, cache.capacity, self.epoch)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._record(new_ids, num_logits)
+            self._graph_capacity = cache.capacity
+        graph.ids.copy_(new_ids)
+        graph.start.fill_(cache.length)
+        if graph.graph is not None:
+            graph.graph.replay()
+            logits = graph.logits.clone()  # the next replay overwrites the graph's output
+        else:
+            logits = static_forward(self.model, cache, graph.ids, graph.start, num_logits)
+        cache.advance(n)
+        self.replays += 1
+        return logits
+
+    _graph_capacity = -1
+
+    def _record(self, new_ids, num_logits) -> _Graph:
+        cache = self.cache
+        ids = new_ids.clone()
+        start = torch.full((), cache.length, dtype=torch.long, device=new_ids.device)
+        if not self.record:
+            return _Graph(None, ids, start, None)
+
+        def step():
+            return static_forward(self.model, cache, ids, start, num_logits)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), attention_backends(self.device, self.avoid_cudnn):
+            step()  # warm-up outside the graph (it writes the same keys the replay will)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), attention_backends(self.device, self.avoid_cudnn):
+            logits = step()
+        self.captures += 1
+        return _Graph(graph, ids, start, logits)
+
+
+def static_forward(model, cache: StaticKVCache, ids: torch.Tensor, start: torch.Tensor, num_logits: int):
+    """The graphed step: feed `ids` [1, n] at positions start..start+n-1, writing their keys and
+    values at those slots of `cache` and attending over its whole buffer with the causal mask
+    `key position <= query position` (stale positions past the query are masked, never read).
+    Every shape and address is fixed by (cache buffers, n, num_logits): a CUDA graph can record it."""
+    slots = start + torch.arange(ids.shape[1], device=ids.device)
+    key_positions = torch.arange(cache.capacity, device=ids.device)
+    mask = (key_positions[None, :] <= slots[:, None])[None, None]  # [1, 1, n, capacity]
+    cache.set_slots(slots)
+    try:
+        out = model(input_ids=ids, position_ids=slots[None], attention_mask=mask,
+                    past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
+    finally:
+        cache.set_slots(None)
+    return out.logits[0, -num_logits:]
+
+
+def as_runner(model_or_runner, **options) -> ModelRunner:
+    """A runner for a model (a new, eager one), or the runner itself."""
+    if isinstance(model_or_runner, ModelRunner):
+        return model_or_runner
+    return ModelRunner(model_or_runner, **options)
+
+
+def _device_of(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")
