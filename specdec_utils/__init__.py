@@ -16,8 +16,7 @@ Importing the package changes nothing global (no environment variables, no loggi
 from .core.kv_cache import cache_length, trim_cache
 from .core.methods import METHODS, generate
 from .models import PRESETS, UnknownModelError, get_preset, known_names, load_model
-from .utils import (get_device, progress, quick_mode, save_figure, seed_everything, set_plot_style,
-                    time_fn, timer)
+from .utils import get_device, progress, quick_mode, save_figure, seed_everything, set_plot_style, time_fn, timer
 
 __all__ = ["generate", "METHODS", "load_model", "get_preset", "known_names", "PRESETS", "UnknownModelError",
            "trim_cache", "cache_length", "get_device", "seed_everything", "timer", "time_fn",

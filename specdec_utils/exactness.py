@@ -7,6 +7,12 @@ the sequences, and compare with a Pearson chi-square test. Counting whole sequen
 output token jointly, not only the first one, so a method that is right at the first position and
 wrong later (a cache rolled back one token too far, a policy that peeks at the target) fails.
 
+`chi_square_p_value` and `total_variation` take counters and dicts keyed by outcome (whole sequences)
+or tensors over token ids (one position's counts and probabilities). A seeded test passes or fails for
+good, so each states its resolution: `min_detectable_tv`, the smallest bias (in total variation) that
+its trials detect with 90% power at its alpha, estimated once by simulation. Low-dimensional summaries
+(one position, the token drawn after a rejection) resolve smaller biases than whole outputs.
+
 `ToyLM` is a causal LM small enough to make thousands of generations take seconds: its next-token
 logits depend on the last two tokens and the position, through a small hidden state and an output
 head, and its "KV cache" stores the token ids it has seen, so a wrong rollback changes its output
@@ -152,19 +158,17 @@ def min_detectable_tv(probs, trials: int, alpha: float = 1e-3, power: float = 0.
     The bias moves mass delta from the outcomes outside A, proportionally, to those in A, proportionally:
     q = p + delta * (p 1_A / P(A) - p 1_B / P(B)), so TV(p, q) = delta. A holds the most likely outcomes
     up to a `share` of the mass. The Pearson statistic's noncentrality is then
-    trials * delta^2 * (1/P(A) + 1/P(B)), and by Cauchy-Schwarz no bias of the same TV has less:
-    with `share` = 0.5 (the default) this is the worst direction, so the result bounds every bias
-    (up to pooling and the chi-square approximation). A smaller `share` gives the smaller TV of a bias
-    concentrated on the likeliest outcomes. Returns inf when even the largest such bias is missed."""
+    trials * delta^2 * (1/P(A) + 1/P(B)), and by Cauchy-Schwarz no bias of the same TV that moves mass
+    into a set of probability P(A) has less, so with `share` = 0.5 (the default, the minimum over P(A))
+    this is about the worst direction: the result bounds every bias (up to pooling and the chi-square
+    approximation). A smaller `share` gives the smaller TV of a bias concentrated on the likeliest
+    outcomes. Returns inf when even the largest such bias is missed (e.g. every outcome pooled)."""
     if isinstance(probs, int):
         probs = [1.0 / probs] * probs
     p = torch.tensor(list(_as_mapping(probs).values()), dtype=torch.float64)
-    p = p[p > 0]
-    order = p.argsort(descending=True)
-    p = p[order]
+    p = (p[p > 0] / p.sum()).sort(descending=True).values
     in_a = (p.cumsum(0) - p) < share  # the likeliest outcomes, up to `share` of the mass
-    mass_a = p[in_a].sum()
-    mass_b = 1.0 - mass_a
+    mass_a, mass_b = p[in_a].sum(), p[~in_a].sum()
     if mass_b <= 0:
         return math.inf
     cells = torch.tensor(_cells(p.tolist(), trials, min_expected))

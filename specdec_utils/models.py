@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
-                          LlamaConfig, LlamaForCausalLM)
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from .compat import saveable_config
 from .utils import REPO_ROOT, get_device
 
 TARGET_NAME = "smollm2-135m"
@@ -168,9 +168,7 @@ def ensure_target_cache(cache_dir: Path | None = None) -> Path:
     print(f"Converting {gguf.name} to safetensors under {out} (once, ~20 s)...", flush=True)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # a GGUF-loaded model refuses save_pretrained
+    config = saveable_config(gguf_model.config)  # the weights are dequantized: drop the GGUF quantization entry
     config.name_or_path = TARGET_NAME
     model = LlamaForCausalLM(config)
     model.load_state_dict(gguf_model.state_dict())

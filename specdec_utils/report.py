@@ -104,10 +104,12 @@ def stamp(device=None, *, show: bool = True) -> Stamp:
     global _CURRENT
     import torch
     import transformers
+
     from .utils import get_device
     device = torch.device(device) if device is not None else get_device()
     gpu = torch.cuda.get_device_name(device if device.type == "cuda" else 0) if torch.cuda.is_available() else None
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__}
     try:
         import triton
         versions["triton"] = triton.__version__
@@ -418,7 +420,8 @@ def committed(path, *, show: bool = True) -> list[dict]:
     try:
         records = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"no committed results at {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}") from None
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        raise FileNotFoundError(f"no committed results at {shown}") from None
     if show:
         print(f"committed run {path.name}: {describe(records)}")
     return records

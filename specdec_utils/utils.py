@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import random
 import statistics
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,7 +68,14 @@ def timer(device=None):
 
 
 def time_fn(fn, *, repeats: int = 10, warmup: int = 2, device=None) -> dict:
-    """Median, min and all wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs."""
+    """Median, min and all wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs.
+
+    Each run is timed alone (`timer`: the device synchronized at both ends), and exactly `warmup + repeats`
+    calls are made. `torch.utils.benchmark.Timer` cannot promise either: `timeit(number)` adds
+    max(number // 100, 2) untimed calls to every measurement and returns one mean, `blocked_autorange`
+    runs for a time budget and returns per-block means (a single block for calls longer than its
+    budget), and both default to one CPU thread. The notebooks time seconds-long decodes a few times
+    (`times` of 3 runs) as well as millisecond forwards, so this loop stays."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     for _ in range(warmup):
@@ -92,6 +99,7 @@ def progress(iterable, desc: str | None = None, total: int | None = None, **kwar
 def device_summary(device=None) -> str:
     """One line naming the hardware and library versions, for figure titles and notebooks."""
     import platform
+
     import transformers
     device = torch.device(device) if device is not None else get_device()
     if device.type == "cuda":

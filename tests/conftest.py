@@ -1,16 +1,70 @@
 """Fixtures and helpers shared by the test modules."""
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from specdec_utils.models import tiny_model
+if not torch.cuda.is_available():  # Triton's CPU interpreter for the kernel tests: chosen before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import PreTrainedModel  # noqa: E402 (after the interpreter switch)
+
+from specdec_utils import models as zoo  # noqa: E402
+from specdec_utils.models import tiny_model  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TEACHING_MARKER = "# teaching implementation"
 TINY_VOCAB = 256
+
+
+# --- the real target loads only in tests marked `slow` ---------------------------------------------
+# `make test-fast` (-m "not slow") promises to skip the real 135M target. Outside tests marked `slow`,
+# transformers' `from_pretrained` refuses the target's weights (its safetensors cache, its GGUF, or
+# the hub copy), whatever route a test takes (`load_model`, a fixture, a folder path), so a test that
+# loads the target without the marker fails loudly instead of slowing the fast run.
+# (`test_models.py::test_the_real_target_cannot_load_outside_slow_tests` checks the guard.)
+# Subprocesses are not guarded: the tests that start one (bench, leaderboard, engine_bench, readme
+# tables, tree attention) load no target, and the one that does is marked slow.
+_original_from_pretrained = PreTrainedModel.__dict__["from_pretrained"].__func__
+_target_allowed = True  # set per test by pytest_runtest_protocol below
+
+
+class RealTargetOutsideSlowTest(pytest.fail.Exception):
+    """A BaseException (like pytest.fail's), so that no `except Exception` in the code swallows it."""
+
+
+def is_real_target(name, gguf_file=None) -> bool:
+    """Whether `from_pretrained(name, gguf_file=...)` would load the 135M target's weights."""
+    # the GGUF; the safetensors cache (a folder named after the target); the hub id SmolLM2-135M-Instruct
+    return gguf_file == zoo.GGUF_FILE or zoo.TARGET_NAME in str(name).lower()
+
+
+def _guarded_from_pretrained(cls, name, *args, **kwargs):
+    if not _target_allowed and is_real_target(name, kwargs.get("gguf_file")):
+        raise RealTargetOutsideSlowTest(
+            f"this test loads the real target ({name}) but is not marked slow: add @pytest.mark.slow "
+            "(`make test-fast` must not load it)", pytrace=False)
+    return _original_from_pretrained(cls, name, *args, **kwargs)
+
+
+def pytest_configure(config):
+    PreTrainedModel.from_pretrained = classmethod(_guarded_from_pretrained)
+
+
+def pytest_unconfigure(config):
+    PreTrainedModel.from_pretrained = classmethod(_original_from_pretrained)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The guard's switch, set for each test before its fixtures (module fixtures included) are built."""
+    global _target_allowed
+    _target_allowed = item.get_closest_marker("slow") is not None
+    yield
+    _target_allowed = True
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,8 @@ CONSTANTS = {
     # notebook 04
     # notebook 05
     "0.3": "notebook 05: the cost c2 of the illustrative 7B-like middle on the right-hand map (a chosen parameter)",
-    "0.8": "notebook 05: the acceptance a2p of the illustrative 7B-like middle on the right-hand map (a chosen parameter)",
+    "0.8": ("notebook 05: the acceptance a2p of the illustrative 7B-like middle on the right-hand map "
+            "(a chosen parameter)"),
     "10%": "notebook 05: exercise 3's asked-for gain over the M2 pair (a chosen target, 1.1x)",
     # notebook 06
     # notebook 07

@@ -1,6 +1,7 @@
 """Tests of the benchmark CLI (`python -m specdec_utils.bench`): every bad argument is one line on
 stderr with exit status 2, and a tiny end-to-end run writes the records it promises."""
 import json
+import re
 import subprocess
 import sys
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
-from specdec_utils.tools import bench
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, ensure_target_cache, tiny_model
 from specdec_utils.speculative import autoregressive_generate
+from specdec_utils.tools import bench
 from specdec_utils.utils import REPO_ROOT
 
 RECORD_KEYS = {"id", "method", "new_token_ids", "text", "wall_s", "new_tokens", "target_calls", "drafted",
@@ -44,51 +45,49 @@ def run_main(capsys, argv):
     return code, out, err
 
 
+TINY = ["--target", "tiny-llama", "--draft", "tiny-gpt2"]  # for errors found after loading the models
+
+
+# Each message is matched on the argument it names and the key allowed value, not word for word.
 @pytest.mark.parametrize("argv, message", [
-    (["--gamma", "0"], "argument --gamma: must be an integer >= 1, got '0'"),
-    (["--methods", "hierarchical", "--draft-small", "draft-x"], "argument --draft-small: unknown model 'draft-x'"),
-    (["--methods", "hierarchical", "--param", "hierarchical.max_small=-1"],
-     "argument --param: max_small must be an integer >= 0, got -1"),
-    (["--gamma", "two"], "argument --gamma: must be an integer >= 1, got 'two'"),
-    (["--temperature", "-1"], "argument --temperature: must be a number >= 0"),
-    (["--top-p", "0"], "argument --top-p: must be a number in (0, 1], got '0'"),
-    (["--top-p", "1.5"], "argument --top-p: must be a number in (0, 1], got '1.5'"),
-    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
-    (["--methods", "ar,beam"], "argument --methods: unknown method 'beam'; allowed:"),
-    (["--methods", ","], "argument --methods: unknown method ','; allowed:"),
-    (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
-    (["--device", "tpu"], "argument --device: 'tpu' is not available here; allowed: auto, cpu"),
-    (["--gama", "3"], "unrecognized arguments: --gama 3"),
-    (["--seed", "99999999999999999999999"], "argument --seed: must be an integer in [0, 2**63)"),
-    (["--prompts", "no/such/file.jsonl"], "argument --prompts: prompts file no/such/file.jsonl does not exist"),
-    (["--methods", "ar,entropy"], "argument --methods: unknown method 'entropy'; allowed:"),
-    (["--param", "tau=2"], "argument --param: must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got 'tau=2'"),
-    (["--param", "entropy.tau=2"], "argument --param: unknown method 'entropy' in 'entropy.tau=2'; allowed: ar,"),
-    (["--param", "entropy-stop.tua=2"], "argument --param: unknown parameter 'tua' for method 'entropy-stop'; "
-                                        "allowed: tau, tau0"),
-    (["--param", "greedy.tau=2"], "argument --param: unknown parameter 'tau' for method 'greedy'; allowed: none"),
-    (["--param", "adaedl.lam0=0.5"], "argument --param: method 'adaedl' is not in --methods"),
-    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"],
-     "argument --param: tau must be a number >= 0 (nats) or None (adaptive), got -1"),
-    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "confidence-stop",
-      "--param", "confidence-stop.threshold=high"], "argument --param: threshold must be a probability in [0, 1], got 'high'"),
-    (["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", "learned-stop"],
-     "argument --param: method 'learned-stop' needs a stop head for this draft"),
-    (["--target", "no-such-model"], "argument --target: unknown model 'no-such-model'; known names:"),
-    (["--tree-nodes", "0"], "argument --tree-nodes: must be an integer >= 1"),
-    (["--prune", "magic"], "argument --prune: invalid choice: 'magic'"),
-    (["--target", "tiny-llama", "--methods", "medusa", "--heads", "no/such/heads"],
-     "argument --heads: no Medusa heads at no/such/heads"),
+    (["--gamma", "0"], r"--gamma: .*>= 1"),
+    ([*TINY, "--methods", "hierarchical", "--draft-small", "draft-x"], r"--draft-small: .*'draft-x'"),
+    ([*TINY, "--methods", "hierarchical", "--param", "hierarchical.max_small=-1"], r"--param: max_small.*>= 0"),
+    (["--gamma", "two"], r"--gamma: .*>= 1"),
+    (["--temperature", "-1"], r"--temperature: .*>= 0"),
+    (["--top-p", "0"], r"--top-p: .*\(0, 1\]"),
+    (["--top-p", "1.5"], r"--top-p: .*\(0, 1\]"),
+    (["--max-new-tokens", "0"], r"--max-new-tokens: .*>= 1"),
+    (["--methods", "ar,beam"], r"--methods: .*'beam'.*allowed: .*greedy"),
+    (["--methods", ","], r"--methods: .*','.*allowed"),
+    (["--dtype", "float16"], r"--dtype: .*'float16'"),
+    (["--device", "tpu"], r"--device: .*'tpu'.*allowed: .*cpu"),
+    (["--gama", "3"], r"unrecognized arguments: --gama"),
+    (["--seed", "99999999999999999999999"], r"--seed: .*\[0, 2\*\*63\)"),
+    (["--prompts", "no/such/file.jsonl"], r"--prompts: .*no/such/file.jsonl"),
+    (["--methods", "ar,entropy"], r"--methods: .*'entropy'.*allowed: .*entropy-stop"),
+    (["--param", "tau=2"], r"--param: .*METHOD.NAME=VALUE"),
+    (["--param", "entropy.tau=2"], r"--param: .*'entropy'.*allowed: .*entropy-stop"),
+    (["--param", "entropy-stop.tua=2"], r"--param: .*'tua'.*allowed: .*tau"),
+    (["--param", "greedy.tau=2"], r"--param: .*'tau'.*'greedy'.*allowed: none"),
+    ([*TINY, "--param", "adaedl.lam0=0.5"], r"--param: .*'adaedl'.*--methods"),
+    ([*TINY, "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"], r"--param: tau.*>= 0"),
+    ([*TINY, "--methods", "confidence-stop", "--param", "confidence-stop.threshold=high"],
+     r"--param: threshold.*\[0, 1\]"),
+    ([*TINY, "--methods", "learned-stop"], r"--param: .*'learned-stop'.*stop head"),
+    (["--target", "no-such-model"], r"--target: .*'no-such-model'.*smollm2-135m"),
+    (["--tree-nodes", "0"], r"--tree-nodes: .*>= 1"),
+    (["--prune", "magic"], r"--prune: .*'magic'"),
+    (["--target", "tiny-llama", "--methods", "medusa", "--heads", "no/such/heads"], r"--heads: .*no/such/heads"),
     (["--target", "tiny-llama", "--draft", "tiny-llama", "--methods", "draft-tree", "--param", "draft-tree.width=0"],
-     "argument --param: width must be an integer >= 1, got 0"),
-    (["--target", "tiny-llama", "--draft", "no-such-model"], "argument --draft: unknown model 'no-such-model'"),
-    (["--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu", "--cuda-graphs"],
-     "argument --cuda-graphs: needs a CUDA GPU; this run is on cpu"),
+     r"--param: width.*>= 1"),
+    (["--target", "tiny-llama", "--draft", "no-such-model"], r"--draft: .*'no-such-model'"),
+    (["--target", "tiny-llama", "--draft", "tiny-llama", "--device", "cpu", "--cuda-graphs"], r"--cuda-graphs: .*CUDA"),
 ])
 def test_bad_arguments_give_one_line_and_status_2(capsys, argv, message):
     code, out, err = run_main(capsys, argv)
     assert code == 2 and out == ""
-    assert err.startswith("bench: error: ") and message in err
+    assert err.startswith("bench: error: ") and re.search(message, err), err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -115,7 +114,8 @@ def test_command_line_error_has_no_traceback():
     process = subprocess.run([sys.executable, "-m", "specdec_utils.tools.bench", "--gamma", "0"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 2 and process.stdout == ""
-    assert process.stderr.strip().splitlines() == ["bench: error: argument --gamma: must be an integer >= 1, got '0'"]
+    lines = process.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"bench: error: argument --gamma: .*>= 1", lines[0]), process.stderr
 
 
 def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
@@ -182,8 +182,8 @@ def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tm
     methods = ["ar", "hierarchical", "hierarchical-noloop"]
     code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--draft-small", small,
                                        "--methods", ",".join(methods), "--prompts", str(prompts_file),
-                                       "--max-new-tokens", "12", "--device", "cpu", "--param", "hierarchical.tau2_0=9.0",
-                                       "--out", str(out_file)])
+                                       "--max-new-tokens", "12", "--device", "cpu",
+                                       "--param", "hierarchical.tau2_0=9.0", "--out", str(out_file)])
     assert code == 0, err
     assert f"under draft-small {small}" in out
     records = json.loads(out_file.read_text())
@@ -208,7 +208,8 @@ def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
     heads.save(tmp_path / "heads")
     out_file = tmp_path / "trees.json"
     methods = ["ar", "medusa", "draft-tree"]
-    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-llama", "--methods", ",".join(methods),
+    code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-llama",
+                                       "--methods", ",".join(methods),
                                        "--heads", str(tmp_path / "heads"), "--tree-nodes", "6", "--prune", "path",
                                        "--prompts", str(prompts_file), "--max-new-tokens", "10", "--device", "cpu",
                                        "--out", str(out_file)])

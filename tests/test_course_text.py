@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from prose_check import CONSTANTS, code_comments, quoted_numbers, scan, units
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +44,8 @@ def test_scanner_skips_references_versions_and_urls():
 
 def test_citation_covers_its_sentence_or_table_only():
     cell = ("EAGLE-2 reaches 4.34 <cite>Spec-Bench, Table 1</cite>. Ours reached 2.43 here.\n\n"
-            "From the paper <cite>Leviathan et al. 2023, Table 2</cite>:\n\n| model | speedup |\n|---|---|\n| T5 | 3.4x |")
+            "From the paper <cite>Leviathan et al. 2023, Table 2</cite>:\n\n"
+            "| model | speedup |\n|---|---|\n| T5 | 3.4x |")
     cited = {n: c for text, c in units(cell) for n, _ in quoted_numbers(text)}
     assert cited == {"4.34": True, "2.43": False, "3.4x": True}
 
@@ -72,7 +72,8 @@ def test_every_constant_says_why():
 def test_no_unsourced_number_in_prose(path):
     bad = [f for f in scan(path) if f["status"] == "unsourced"]
     assert not bad, (f"{path.name}: {len(bad)} numbers typed into prose (render them from the measurement, or cite "
-                     "the source in <cite>...</cite>): " + "; ".join(f"cell {f['cell']}: {f['number']}" for f in bad[:12]))
+                     "the source in <cite>...</cite>): "
+                     + "; ".join(f"cell {f['cell']}: {f['number']}" for f in bad[:12]))
 
 
 def test_course_quotes_few_numbers():
@@ -114,11 +115,12 @@ def test_full_run_fits_the_course_time(path):
     assert minutes <= FULL_RUN_MINUTES, f"{path.name}: the committed full run took {minutes:.1f} min"
 
 
-INTERNAL = re.compile(r"\bseed \d{3}\b|\bthe issue\b|\bGorgon\b|shared/GPU\.md|\.\./shared|\bissue \d+\b", re.IGNORECASE)
+INTERNAL = re.compile(r"\bseed \d{3}\b|\bthe issue\b|\bGorgon\b|shared/GPU\.md|\.\./shared|\bissue \d+\b",
+                      re.IGNORECASE)
 
 
-@pytest.mark.parametrize("path", [*NOTEBOOKS, ROOT / "README.md", *sorted((ROOT / "notebooks" / "solutions").glob("*.py"))],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*NOTEBOOKS, ROOT / "README.md",
+                                  *sorted((ROOT / "notebooks" / "solutions").glob("*.py"))], ids=lambda p: p.name)
 def test_no_internal_words(path):
     text = path.read_text()
     if path.suffix == ".ipynb":

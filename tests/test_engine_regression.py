@@ -12,6 +12,7 @@ import torch
 from specdec_utils.models import load_model
 from specdec_utils.prompts import eval_subset, format_prompt
 from specdec_utils.speculative import autoregressive_generate, speculative_generate
+
 from conftest import noisy_copy, random_model, random_prompt
 
 PINNED = json.loads((Path(__file__).parent / "data" / "pinned_outputs.json").read_text())

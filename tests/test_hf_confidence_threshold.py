@@ -25,7 +25,7 @@ def hf_generator(threshold: float) -> AssistedCandidateGenerator:
 @pytest.mark.parametrize("seed", range(5))
 def test_confidence_stop_refits_as_transformers_does(seed):
     rng = random.Random(seed)
-    ours, hf = policies.ConfidenceStop(threshold=0.4, max_gamma=8), hf_generator(0.4)
+    ours, hf = policies.ConfidenceStop(gamma=8, threshold=0.4), hf_generator(0.4)
     refits = 0
     for _ in range(60):
         ours.round_gamma()

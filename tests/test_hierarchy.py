@@ -5,9 +5,10 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core.engine import Sampler, decode
-from specdec_utils.exactness import ToyLM, chi_square_p_value, exact_distribution, sample_outputs, total_variation
 from specdec_utils.core.hierarchy import HierarchicalProposer, HierarchyPolicy, NoLoopPolicy
 from specdec_utils.core.ngram import NgramDraft
+from specdec_utils.exactness import ToyLM, chi_square_p_value, exact_distribution, sample_outputs, total_variation
+
 from conftest import TINY_VOCAB, noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -104,6 +105,8 @@ def test_hierarchical_needs_both_drafts_and_says_so(tiny):
 # --- sampling: exact over whole 6-token outputs ------------------------------------------------
 
 VOCAB, N_TOKENS, TRIALS, MIN_P_VALUE = 4, 6, 6000, 1e-3
+# 6,000 outputs (4,096 possible) detect TV >= 0.052 (90% power at alpha 1e-3, worst direction; computed once
+# with `exactness.min_detectable_tv` on the exact distribution)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +139,7 @@ def sampled(toy, make_policy, small="model", proposer=HierarchicalProposer, tria
     return sample_outputs(run, trials, seed=0), stops, loops
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("small", ["model", "ngram"])
 @pytest.mark.parametrize("make_policy", [
     lambda: HierarchyPolicy(gamma=5, max_small=2, tau1=0.9, tau2=1.0),  # loop-back fires and not
@@ -169,6 +173,7 @@ class DropsTheCorrection(HierarchicalProposer):
         return new, n_accepted, rows, confidence
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("proposer", [UsesSmallRows, DropsTheCorrection])
 def test_the_exactness_check_fails_planted_hierarchy_bugs(toy, proposer):
     counts, _, _ = sampled(toy, lambda: HierarchyPolicy(gamma=5, max_small=3, tau1=0.9, tau2=1.0),

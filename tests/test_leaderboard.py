@@ -62,7 +62,8 @@ def test_sampled_runs_do_not_compare_tokens(run):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda rs: [{k: v for k, v in r.items() if k != "date"} for r in rs], "lacks date: re-run it with the current bench CLI"),
+    (lambda rs: [{k: v for k, v in r.items() if k != "date"} for r in rs],
+     "lacks date: re-run it with the current bench CLI"),
     (lambda rs: [r for r in rs if r["method"] != "ar"], "has no `ar` records"),
     (lambda rs: {"records": rs}, "must hold a non-empty list of bench records"),
 ])
@@ -88,3 +89,16 @@ def test_the_committed_board_renders(tmp_path):
     assert out.stdout.count("### ") == len(files) and "| `ar` |" in out.stdout
     assert (tmp_path / "leaderboard.md").read_text().strip() == out.stdout.strip()
     assert (tmp_path / "leaderboard.png").stat().st_size > 10_000
+
+
+def test_result_name_slugs_the_whole_device_name(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert lb.result_name(torch.device("cuda"), "bfloat16", True, False) == \
+        "leaderboard_gpu_nvidia_h100_80gb_hbm3_bfloat16_graphed.json"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")  # one word after the vendor
+    assert lb.result_name(torch.device("cuda"), "float32", False, True) == \
+        "leaderboard_gpu_tesla_t4_float32_sampled.json"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert lb.result_name(torch.device("cpu"), "float32", False, False) == "leaderboard_cpu_avx512_float32.json"
+    assert lb.slug("  Radeon (TM) 7900 XTX ") == "radeon_tm_7900_xtx" and lb.slug("") == "unknown"

@@ -9,6 +9,8 @@ from specdec_utils.models import load_model
 from specdec_utils.prompts import format_prompt
 from specdec_utils.speculative import autoregressive_generate, speculative_generate
 
+pytestmark = pytest.mark.slow  # the real target
+
 PROMPTS = [
     {"id": "raw-story", "prompt": "It was a cold morning when the robot", "chat": False},   # runs to 512
     {"id": "chat-haiku", "prompt": "Write a haiku about the sea.", "chat": True},  # stops at EOS (39 tokens)
@@ -31,7 +33,6 @@ def plain_outputs(target):
     return outputs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("draft_name, gamma", [("draft-m", 4), ("draft-s", 6)])
 @pytest.mark.parametrize("row", PROMPTS, ids=lambda row: row["id"])
 def test_greedy_speculative_equals_target_greedy(target, plain_outputs, draft_name, gamma, row):

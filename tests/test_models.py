@@ -1,6 +1,7 @@
 """Tests of the model zoo: the offline target and drafts load and agree on their vocabulary, the
 hub path is the real one (exercised offline with a local folder and a mocked hub), and bad names
-fail with a message that says what is allowed."""
+fail with a message that says what is allowed. The tests that load the real target are marked slow;
+outside them, the target refuses to load (tests/conftest.py)."""
 import json
 import os
 import subprocess
@@ -10,8 +11,15 @@ import pytest
 import torch
 
 from specdec_utils import models
-from specdec_utils.models import (MODELS_DIR, ReducedVocabLlamaForCausalLM, UnknownModelError, get_preset,
-                                  known_names, load_model, tiny_model)
+from specdec_utils.models import (
+    MODELS_DIR,
+    ReducedVocabLlamaForCausalLM,
+    UnknownModelError,
+    get_preset,
+    known_names,
+    load_model,
+    tiny_model,
+)
 from specdec_utils.utils import REPO_ROOT
 
 
@@ -20,6 +28,13 @@ def target():
     return load_model("smollm2-135m", device="cpu", dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def target_tokenizer():
+    """The target's tokenizer alone (no weights): the drafts' tests need no slow target."""
+    return models.AutoTokenizer.from_pretrained(models.ensure_target_cache())
+
+
+@pytest.mark.slow
 def test_target_shape_and_paris(target):
     """The acceptance check: the embedded target names Paris, greedily, offline."""
     model, tokenizer = target
@@ -30,6 +45,7 @@ def test_target_shape_and_paris(target):
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
 
 
+@pytest.mark.slow
 def test_target_loads_in_a_fresh_offline_process():
     code = ("import torch; from specdec_utils import load_model;"
             "m, t = load_model('smollm2-135m', device='cpu', dtype=torch.bfloat16);"
@@ -42,25 +58,39 @@ def test_target_loads_in_a_fresh_offline_process():
 
 
 @pytest.mark.parametrize("name, layers, max_bytes", [("draft-s", 2, 9e6), ("draft-m", 4, 17e6)])
-def test_shipped_drafts(target, name, layers, max_bytes):
+def test_shipped_drafts(target_tokenizer, name, layers, max_bytes):
     """Both drafts load through the zoo, use the target's tokenizer, return full-vocabulary logits
     with every token outside their reduced vocabulary at the dtype's minimum, and stay small."""
-    model, tokenizer = target
+    tokenizer, vocab_size = target_tokenizer, len(target_tokenizer)
     draft, draft_tokenizer = load_model(name, device="cpu", dtype=torch.float32)
     assert isinstance(draft, ReducedVocabLlamaForCausalLM)
     assert draft.config.num_hidden_layers == layers
     assert draft_tokenizer.get_vocab() == tokenizer.get_vocab()
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     logits = draft(ids).logits
-    assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
-    outside = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    assert logits.shape == (1, ids.shape[1], vocab_size) and draft.config.full_vocab_size == vocab_size
+    outside = torch.ones(vocab_size, dtype=torch.bool)
     outside[draft.draft_to_full] = False
     assert (logits[0, :, outside] == torch.finfo(logits.dtype).min).all()
     assert torch.equal(draft.full_to_draft[draft.draft_to_full], torch.arange(draft.draft_to_full.numel()))
     assert (MODELS_DIR / name / "model.safetensors").stat().st_size < max_bytes
     record = json.loads((MODELS_DIR / name / "training_log.json").read_text())
-    assert record["command"].startswith("python -m specdec_utils.tools.train_draft")
+    # the command as it was run: the trainer moved from specdec_utils/ to specdec_utils/tools/ afterwards
+    assert record["command"].startswith(("python -m specdec_utils.tools.train_draft",
+                                         "python -m specdec_utils.train_draft"))
     assert {"agreement", "tau", "alpha_tv"} <= set(record["eval"])
+
+
+def test_the_real_target_cannot_load_outside_slow_tests():
+    """`make test-fast` (-m "not slow") runs only tests without the slow marker, and in those the target
+    refuses to load, by name or by its cache folder, with a failure that names the fix (tokenizers and
+    the drafts still load: test_shipped_drafts)."""
+    for load in (lambda: load_model("smollm2-135m", device="cpu"),
+                 lambda: load_model(str(models.ensure_target_cache()), device="cpu")):
+        with pytest.raises(pytest.fail.Exception, match="not marked slow: add @pytest.mark.slow"):
+            load()
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert 'pytest -q -m "not slow" tests' in makefile.split("test-fast:")[1].split("\n\n")[0]
 
 
 def test_all_shipped_models_fit_the_budget():

@@ -11,6 +11,7 @@ import torch
 
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
+
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "01_greedy_speculative_decoding.ipynb"

@@ -8,8 +8,10 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core import engine, policies
-from specdec_utils.core.kv_cache import trim_cache
 from specdec_utils.core.policies import DraftingPolicy
+from specdec_utils.core.runner import ModelRunner
+from specdec_utils.core.verify import Verifier
+
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "03_adaptive_draft_length.ipynb"
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def notebook():
     return teaching_namespace(NOTEBOOK, {"DraftingPolicy": DraftingPolicy, "engine": engine, "torch": torch,
-                                         "trim_cache": trim_cache}, min_cells=4)
+                                         "ModelRunner": ModelRunner, "Verifier": Verifier}, min_cells=4)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,8 @@ def test_notebook_policies_equal_the_package(notebook, models, name, method, kwa
             input_ids = random_prompt(length, seed)
             ours = generate(target, input_ids, 30, method=notebook[name](3), draft=draft, temperature=temperature,
                             generator=torch.Generator().manual_seed(seed))
-            package = generate(target, input_ids, 30, method=method, draft=draft, gamma=3, temperature=temperature,
-                               generator=torch.Generator().manual_seed(seed), params=kwargs)
+            package = generate(target, input_ids, 30, method=method, draft=draft, temperature=temperature,
+                               generator=torch.Generator().manual_seed(seed), params={"start": 3, **kwargs})
             assert ours.new_token_ids == package.new_token_ids
             assert [r.gamma for r in ours.rounds] == [r.gamma for r in package.rounds]
             if temperature == 0:
@@ -53,7 +55,8 @@ def test_notebook_oracle_equals_the_package_and_wastes_nothing(notebook, models)
         input_ids = random_prompt(length, seed)
         reference = generate(target, input_ids, 25, method="ar").new_token_ids
         ours = generate(target, input_ids, 25, method=notebook["Oracle"](reference), draft=drafts["close"])
-        package = generate(target, input_ids, 25, method="oracle", draft=drafts["close"], params={"reference": reference})
+        package = generate(target, input_ids, 25, method="oracle", draft=drafts["close"],
+                           params={"reference": reference})
         assert ours.new_token_ids == package.new_token_ids == reference
         assert [r.drafted for r in ours.rounds] == [r.drafted for r in package.rounds]
         assert ours.accepted == ours.drafted > 0
@@ -61,7 +64,8 @@ def test_notebook_oracle_equals_the_package_and_wastes_nothing(notebook, models)
 
 def _policy(name, gamma, reference):
     return {"ar": lambda: DraftingPolicy(0), "fixed": lambda: DraftingPolicy(gamma),
-            "adaptive-hf": lambda: policies.HeuristicGamma(gamma), "adaptive-dual": lambda: policies.DualSignalGamma(gamma),
+            "adaptive-hf": lambda: policies.HeuristicGamma(gamma),
+            "adaptive-dual": lambda: policies.DualSignalGamma(gamma),
             "oracle": lambda: policies.Oracle(reference=reference)}[name]()
 
 
@@ -86,6 +90,7 @@ def test_notebook_decode_loop_equals_the_engine(notebook, models, name, temperat
                 assert tokens == reference
 
 
+@pytest.mark.slow
 def test_notebook_decode_loop_on_the_real_target(notebook):
     """The course's target and draft, greedy float32: the loop gives the package's tokens and rounds."""
     from specdec_utils.models import load_model
@@ -93,7 +98,8 @@ def test_notebook_decode_loop_on_the_real_target(notebook):
     draft, _ = load_model("draft-m", device="cpu", dtype=torch.float32)
     input_ids = tokenizer("In short, the Nile is", return_tensors="pt").input_ids
     for policy, method in [(DraftingPolicy(4), "greedy"), (policies.HeuristicGamma(4), "adaptive-hf")]:
-        package = generate(target, input_ids, 24, method=method, draft=draft, gamma=4, eos_token_id=tokenizer.eos_token_id)
+        package = generate(target, input_ids, 24, method=method, draft=draft, gamma=4,
+                           eos_token_id=tokenizer.eos_token_id)
         tokens, rounds = notebook["decode_loop"](target, engine.DraftModelProposer(draft), policy, input_ids, 24,
                                                  engine.Sampler(0.0), {tokenizer.eos_token_id})
         assert tokens == package.new_token_ids

@@ -11,6 +11,7 @@ from specdec_utils import generate
 from specdec_utils.core import policies
 from specdec_utils.core.policies import DraftingPolicy, min_cost_threshold
 from specdec_utils.core.stop_head import StopHead
+
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "04_entropy_self_verify.ipynb"
@@ -33,10 +34,10 @@ def models():
 
 
 CASES = [  # notebook class and its arguments, the package method and its parameters
-    ("EntropyStop", {"theta0": 0.0, "max_gamma": 6}, "entropy-stop", {"tau0": 0.0, "gamma": 6}),  # θ is `tau` there
-    ("ConfidenceStop", {"threshold": 0.4, "max_gamma": 6}, "confidence-stop", {"threshold": 0.4, "gamma": 6}),
-    ("AdaEDL", {"lam0": 0.5, "max_gamma": 6}, "adaedl", {"lam0": 0.5, "gamma": 6}),
-    ("LearnedStop", {"threshold": 0.5, "max_gamma": 6}, "learned-stop", {"threshold": 0.5, "gamma": 6}),
+    ("EntropyStop", {"theta0": 0.0, "gamma": 6}, "entropy-stop", {"tau0": 0.0, "gamma": 6}),  # θ is `tau` there
+    ("ConfidenceStop", {"threshold": 0.4, "gamma": 6}, "confidence-stop", {"threshold": 0.4, "gamma": 6}),
+    ("AdaEDL", {"lam0": 0.5, "gamma": 6}, "adaedl", {"lam0": 0.5, "gamma": 6}),
+    ("LearnedStop", {"threshold": 0.5, "gamma": 6}, "learned-stop", {"threshold": 0.5, "gamma": 6}),
 ]
 
 

@@ -5,11 +5,12 @@ must give the same tokens and rounds as the package's proposer, with a model or 
 import pytest
 import torch
 
+from specdec_utils import generate
 from specdec_utils.core.engine import Sampler, decode, greedy_verify
 from specdec_utils.core.hierarchy import HierarchicalProposer, HierarchyPolicy, NoLoopPolicy
 from specdec_utils.core.ngram import NgramDraft
 from specdec_utils.core.sampling import rejection_sample
-from specdec_utils import generate
+
 from conftest import TINY_VOCAB, noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "05_hierarchical_drafting.ipynb"

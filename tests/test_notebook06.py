@@ -11,6 +11,7 @@ from specdec_utils.core import verify
 from specdec_utils.core.engine import Sampler
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.core.sampling import sample_token
+
 from conftest import random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "06_medusa_and_token_trees.ipynb"

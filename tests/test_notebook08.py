@@ -1,14 +1,14 @@
 """Notebook 08's teaching capture/replay (`CapturedStep`), run straight out of the notebook: on a GPU its replays
-must equal the eager graphed step (`static_forward`) and the package's `GraphRunner`. Without CUDA the capture
-cannot run; the CPU check of the graphed step's arithmetic is `GraphRunner(capture=False)` (notebook 08, section 4,
-and tests/test_static_cache.py)."""
+must equal the eager graphed step (`static_forward`) and a graphed `ModelRunner`'s replay. Without CUDA the capture
+cannot run; the CPU check of the graphed step's arithmetic is `ModelRunner(model, graphs=True, record=False)`
+(notebook 08, section 4, and tests/test_static_cache.py)."""
 import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.core.cuda_graphs import GraphRunner, disable_cuda_graphs, enable_cuda_graphs, static_forward
-from specdec_utils.core.engine import forward_uncached
+from specdec_utils.core.runner import ModelRunner, forward_uncached, static_forward
 from specdec_utils.core.static_cache import StaticKVCache
+
 from conftest import random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "08_gpu_engine.ipynb"
@@ -47,25 +47,24 @@ def test_captured_step_replays_the_eager_graphed_step(notebook):
 
 
 @needs_cuda
-def test_captured_step_agrees_with_the_graph_runner(notebook):
+def test_captured_step_agrees_with_the_model_runner(notebook):
     device = torch.device("cuda")
     target = random_model("tiny-llama", seed=0).to(device)
     draft = random_model("tiny-llama", seed=1).to(device)
     prompt = random_prompt(7, 1).to(device)
     eager = generate(target, prompt, 24, method="greedy", draft=draft, gamma=4).new_token_ids
-    runner = enable_cuda_graphs(target)
-    enable_cuda_graphs(draft)
-    try:
-        graphed = generate(target, prompt, 24, method="greedy", draft=draft, gamma=4).new_token_ids
-    finally:
-        disable_cuda_graphs(target), disable_cuda_graphs(draft)
-    assert graphed == eager and runner.captures > 0
+    runner = ModelRunner(target, graphs=True)
+    graphed = generate(runner, prompt, 24, method="greedy", draft=ModelRunner(draft, graphs=True), gamma=4)
+    assert graphed.new_token_ids == eager and runner.captures > 0
     # one step captured by the notebook's class equals the runner's replay of the same step on its own cache
+    theirs = ModelRunner(target, graphs=True)
     with torch.inference_mode():
-        ours, theirs = StaticKVCache.for_model(target, 64), GraphRunner(target)
-        cache = theirs.new_cache(prompt.shape[1])
-        forward_uncached(target, prompt, ours, 1), forward_uncached(target, prompt, cache, 1)
+        ours = StaticKVCache.for_model(target, 64)
+        forward_uncached(target, prompt, ours, 1)
+        theirs.forward(prompt)                                   # the prefill: eager
         new = random_prompt(1, 5).to(device)
         start = torch.tensor(ours.length, device=device)
         step = notebook["CapturedStep"](lambda ids, s: static_forward(target, ours, ids, s, 1), new, start)
-        torch.testing.assert_close(step(new, start), theirs.forward(cache, new, 1), atol=1e-5, rtol=1e-5)
+        replayed = theirs.forward(torch.cat([prompt, new], dim=1), 1)
+        torch.testing.assert_close(step(new, start), replayed, atol=1e-5, rtol=1e-5)
+    assert theirs.captures == theirs.replays == 1

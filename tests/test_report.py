@@ -1,5 +1,4 @@
 """report: estimates with spreads, the words chosen from them, the stamp, and README's rendered tables."""
-import json
 import random
 import subprocess
 import sys
@@ -75,7 +74,8 @@ def test_summarize_pools_each_method_once_for_every_renderer():
     interval from `report.speedup`, and None where the records do not say."""
     rs = [{"id": p, "method": m, "category": c, "new_tokens": 10, "wall_s": w, "target_calls": t, "draft_calls": d,
            "drafted": dr, "accepted": a}
-          for p, c, m, w, t, d, dr, a in [("p1", "code", "ar", 1.0, 10, 0, 0, 0), ("p2", "chat", "ar", 3.0, 10, 0, 0, 0),
+          for p, c, m, w, t, d, dr, a in [("p1", "code", "ar", 1.0, 10, 0, 0, 0),
+                                          ("p2", "chat", "ar", 3.0, 10, 0, 0, 0),
                                           ("p1", "code", "greedy", 0.5, 4, 12, 12, 6),
                                           ("p2", "chat", "greedy", 1.0, 5, 16, 16, 5),
                                           ("p1", "code", "lookup", 0.5, 5, 0, -1, -1),
@@ -115,7 +115,8 @@ def test_stamp_names_cpu_kind_versions_and_mode(capsys, monkeypatch):
 
 
 def test_readme_blocks_match_the_committed_json():
-    result = subprocess.run([sys.executable, "-m", "specdec_utils.tools.readme_tables", "--check"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "specdec_utils.tools.readme_tables", "--check"],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -1,7 +1,10 @@
 """Tests for specdec_utils.core.sampling: logit warping and lossless speculative (rejection) sampling.
 
-The statistical tests use fixed seeds, so they are deterministic; each checks a distribution with
-a Pearson chi-square test and `test_check_catches_a_wrong_residual` proves the check has teeth.
+The statistical tests (marked `stat`) use fixed seeds, so they are deterministic; each checks a
+distribution with the course's Pearson chi-square test (`specdec_utils.exactness`), and two planted bugs
+(a residual replaced by p, and a residual mixed 5% with p) prove the check has teeth. Next to each test:
+the smallest bias (total variation, in the worst direction) it detects with 90% power at alpha 1e-3,
+from `exactness.min_detectable_tv` run once on its exact distribution and trial count.
 """
 import math
 
@@ -10,25 +13,13 @@ import torch
 
 from specdec_utils.core import sampling
 from specdec_utils.core.sampling import rejection_sample, sample_token, warp_logits
+from specdec_utils.exactness import chi_square_p_value
 
 TRIALS = 8_000
 MIN_P_VALUE = 1e-3  # a correct sampler passes; the planted bug below scores far below 1e-10
 
 
 # ---------------------------------------------------------------------------------- helpers
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson goodness-of-fit p-value of `counts` against `probs` (0.0 if a count falls where
-    probs is 0). The chi-square upper tail is the regularized upper incomplete gamma function."""
-    counts, probs = counts.double(), probs.double() / probs.sum()
-    support = probs > 0
-    if counts[~support].sum() > 0:
-        return 0.0
-    expected = probs[support] * counts.sum()
-    statistic = ((counts[support] - expected) ** 2 / expected).sum()
-    degrees_of_freedom = torch.tensor(support.sum().item() - 1.0, dtype=torch.float64)
-    return torch.special.gammaincc(degrees_of_freedom / 2, statistic / 2).item()
-
-
 def accepted_length_probs(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
     """P(n accepted) for n = 0..k when each x_i ~ q_i independently: position i is accepted with
     alpha_i = sum_x min(p_i(x), q_i(x)) (Leviathan et al. 2023, Definition 3.1)."""
@@ -37,16 +28,26 @@ def accepted_length_probs(draft_probs: torch.Tensor, target_probs: torch.Tensor)
     return reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
 
 
+def residual_probs(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): what a rejection must emit (Leviathan et al. 2023, Sec. 2.3), computed here,
+    not by the code under test."""
+    rest = (target_row.double() - draft_row.double()).clamp(min=0)
+    return rest / rest.sum()
+
+
 def speculative_p_values(draft_probs, target_probs, trials=TRIALS, seed=0) -> dict[str, float]:
     """Run rejection_sample `trials` times on fixed rows (k >= 1, draft tokens x_i ~ q_i) and
     test: the first emitted token ~ p_0; the second, given the first draft was accepted, ~ p_1;
-    and the number of accepted tokens ~ accepted_length_probs."""
+    the number of accepted tokens ~ accepted_length_probs; and the token emitted after a rejection
+    of the first draft ~ the residual norm(max(0, p_0 - q_0)): a low-dimensional summary that sees a
+    residual off by a few percent, which the first-token marginal dilutes by P(rejection)."""
     generator = torch.Generator().manual_seed(seed)
     k, vocab = draft_probs.shape
     drafts = torch.multinomial(draft_probs, trials, replacement=True, generator=generator).T
     outputs = [rejection_sample(draft_probs, target_probs, x, generator).tolist() for x in drafts]
     first = torch.tensor([out[0] for out in outputs])
     second = torch.tensor([out[1] for out in outputs if len(out) > 1])
+    after_rejection = torch.tensor([out[0] for out in outputs if len(out) == 1])  # the first draft rejected
     lengths = torch.tensor([len(out) for out in outputs])
     return {
         "first token": chi_square_p_value(torch.bincount(first, minlength=vocab), target_probs[0]),
@@ -54,6 +55,8 @@ def speculative_p_values(draft_probs, target_probs, trials=TRIALS, seed=0) -> di
                                              accepted_length_probs(draft_probs, target_probs)),
         "second token": chi_square_p_value(torch.bincount(second, minlength=vocab),
                                            target_probs[1]),
+        "after a rejection": chi_square_p_value(torch.bincount(after_rejection, minlength=vocab),
+                                                residual_probs(target_probs[0], draft_probs[0])),
     }
 
 
@@ -146,22 +149,64 @@ def test_warp_masked_logits_get_zero_probability(dtype, temperature, top_k, top_
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -0.5}, r"temperature must be a finite number >= 0 \(0 means greedy\)"),
-    ({"temperature": math.inf}, "temperature must be a finite number"),
-    ({"temperature": math.nan}, "temperature must be a finite number"),
-    ({"top_k": -1}, r"top_k must be an integer >= 0 \(0 means off\), got -1"),
-    ({"top_k": 2.5}, "top_k must be an integer"),
-    ({"top_p": 0.0}, r"top_p must be a number in \(0, 1\] \(1.0 means off\), got 0.0"),
-    ({"top_p": 1.5}, r"top_p must be a number in \(0, 1\]"),
-    ({"top_p": math.nan}, r"top_p must be a number in \(0, 1\]"),
+    ({"temperature": -0.5}, r"temperature.*>= 0"),
+    ({"temperature": math.inf}, r"temperature.*finite"),
+    ({"temperature": math.nan}, r"temperature.*finite"),
+    ({"top_k": -1}, r"top_k.*>= 0"),
+    ({"top_k": 2.5}, r"top_k.*integer"),
+    ({"top_p": 0.0}, r"top_p.*\(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p.*\(0, 1\]"),
+    ({"top_p": math.nan}, r"top_p.*\(0, 1\]"),
 ])
 def test_warp_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         warp_logits(torch.zeros(4), **kwargs)
 
 
+def hf_warp(logits, temperature, top_k, top_p):
+    """transformers' warpers in generate's order (temperature, top-k, top-p), then softmax."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    scores = TemperatureLogitsWarper(temperature)(None, logits.float().reshape(-1, logits.shape[-1]))
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1).reshape(logits.shape)
+
+
+def test_warp_agrees_with_transformers_warpers_away_from_ties():
+    """Random continuous logits (no ties), any temperature, top_k up to past V, any top_p: the same
+    distributions as transformers' TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        vocab = int(torch.randint(2, 50, (1,), generator=generator))
+        logits = torch.randn(3, vocab, generator=generator) * 3
+        temperature = float(torch.rand((), generator=generator)) * 2 + 0.05
+        top_k = int(torch.randint(0, vocab + 5, (1,), generator=generator))  # 0 (off) .. past V
+        top_p = float(torch.rand((), generator=generator)) * 0.99 + 0.01
+        torch.testing.assert_close(warp_logits(logits, temperature, top_k, top_p),
+                                   hf_warp(logits, temperature, top_k, top_p), rtol=1e-5, atol=1e-6)
+
+
+def test_warp_departs_from_transformers_at_top_p_ties_and_tiny_temperatures():
+    """Why warp_logits does not call transformers' warpers (its docstring): ties across the top-p
+    boundary keep the lowest indices here and the highest there (the same number of tokens, the same
+    mass), and transformers' temperature overflows where ours shifts by the row maximum first."""
+    tied = torch.tensor([1.0, 2.0, 2.0, 0.0])
+    assert warp_logits(tied, top_p=0.3).tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert hf_warp(tied, 1.0, 0, 0.3).tolist() == [0.0, 0.0, 1.0, 0.0]
+    flat = torch.zeros(4)
+    assert warp_logits(flat, top_p=0.5).tolist() == [0.5, 0.5, 0.0, 0.0]
+    assert hf_warp(flat, 1.0, 0, 0.5).tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert sorted(warp_logits(tied, top_p=0.3).tolist()) == sorted(hf_warp(tied, 1.0, 0, 0.3).tolist())
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    assert warp_logits(logits, temperature=1e-39).tolist() == [0.0, 0.0, 1.0]
+    assert hf_warp(logits, 1e-39, 0, 1.0).isnan().all()
+
+
 # -------------------------------------------------------------------------------- sample_token
-def test_sample_token_follows_probs_and_is_reproducible():
+@pytest.mark.stat
+def test_sample_token_follows_probs_and_is_reproducible():  # detects TV >= 0.043 (3,000 draws, 3 tokens)
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
     generator = torch.Generator().manual_seed(0)
     draws = [sample_token(probs, generator) for _ in range(3000)]
@@ -172,13 +217,16 @@ def test_sample_token_follows_probs_and_is_reproducible():
 
 
 def test_sample_token_needs_a_vector():
-    with pytest.raises(ValueError, match=r"probs must be a 1-D tensor \[V\], got shape \(1, 4\)"):
+    with pytest.raises(ValueError, match=r"probs.*1-D"):
         sample_token(torch.full((1, 4), 0.25))
 
 
 # ---------------------------------------------------------------------------- rejection_sample
+@pytest.mark.stat
 @pytest.mark.parametrize("k, vocab, seed", [(1, 6, 1), (2, 8, 2), (3, 10, 3)])
 def test_rejection_sample_is_exact(k, vocab, seed):
+    # 8,000 rounds detect TV >= 0.028-0.033 on the first token, 0.018-0.027 on the accepted count,
+    # 0.038-0.060 on the second token and 0.027-0.040 after a rejection (over the three cases)
     generator = torch.Generator().manual_seed(100 + seed)
     draft_probs = random_rows(k, vocab, generator)
     target_probs = random_rows(k + 1, vocab, generator)
@@ -186,6 +234,7 @@ def test_rejection_sample_is_exact(k, vocab, seed):
     assert min(p_values.values()) > MIN_P_VALUE, p_values
 
 
+@pytest.mark.stat
 def test_check_catches_a_wrong_residual(monkeypatch):
     """Planted bug: after a rejection, sample from p instead of norm(max(0, p - q))."""
     generator = torch.Generator().manual_seed(7)
@@ -194,6 +243,30 @@ def test_check_catches_a_wrong_residual(monkeypatch):
     monkeypatch.setattr(sampling, "_residual_distribution", lambda target_row, _: target_row)
     p_values = speculative_p_values(draft_probs, target_probs, trials=2000)
     assert p_values["first token"] < 1e-10 and p_values["second token"] < 1e-10, p_values
+
+
+def mixed_residual(mix: float):
+    """A residual off by a little: (1 - mix) norm(max(0, p - q)) + mix p."""
+    real = sampling._residual_distribution
+
+    def mixed(target_row, draft_row):
+        rest = real(target_row, draft_row)
+        return (1 - mix) * rest / rest.sum() + mix * target_row / target_row.sum()
+    return mixed
+
+
+@pytest.mark.stat
+def test_check_catches_a_residual_mixed_5_percent_with_p(monkeypatch):
+    """Planted small bug: the residual mixed 5% with p. The first-token marginal moves by only
+    0.05 P(reject) TV(p, residual) = 0.05 * 0.32 * 0.21 = TV 0.0035 here, far under what 8,000 rounds
+    resolve (0.03); the token after a rejection moves by 0.05 TV(p, residual), partly (0.97% of its mass,
+    ~25 of the ~2,600 rejections) onto tokens the residual never emits (p <= q there), which the
+    chi-square test counts as impossible."""
+    generator = torch.Generator().manual_seed(7)
+    draft_probs, target_probs = random_rows(2, 8, generator), random_rows(3, 8, generator)
+    monkeypatch.setattr(sampling, "_residual_distribution", mixed_residual(0.05))
+    p_values = speculative_p_values(draft_probs, target_probs)
+    assert p_values["after a rejection"] < 1e-10, p_values
 
 
 def test_rejection_sample_output_shape_and_prefix():
@@ -225,7 +298,8 @@ def test_rejection_sample_is_reproducible_with_a_seed():
     assert run(0) != run(1)
 
 
-def test_rejection_sample_with_k_zero_emits_one_token_from_p0():
+@pytest.mark.stat
+def test_rejection_sample_with_k_zero_emits_one_token_from_p0():  # detects TV >= 0.054 (2,000 draws, 3 tokens)
     generator = torch.Generator().manual_seed(0)
     target_probs = torch.tensor([[0.2, 0.0, 0.5, 0.3]])
     no_drafts, no_probs = torch.empty(0, dtype=torch.long), torch.empty(0, 4)
@@ -244,7 +318,8 @@ def test_rejection_sample_accepts_everything_when_draft_equals_target():
         assert len(out) == 4 and torch.equal(out[:3], draft_tokens)
 
 
-def test_rejection_sample_disjoint_supports_reject_at_once_and_emit_from_p():
+@pytest.mark.stat
+def test_rejection_sample_disjoint_supports_reject_at_once_and_emit_from_p():  # detects TV >= 0.054
     draft_probs = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0, 0.0]] * 2)
     target_probs = torch.tensor([[0.0, 0.0, 0.0, 0.2, 0.3, 0.5]] * 3)
     generator = torch.Generator().manual_seed(0)
@@ -297,14 +372,14 @@ FOUR_ZEROS = torch.zeros(4, dtype=torch.long)
 
 
 @pytest.mark.parametrize("draft_shape, target_shape, tokens, message", [
-    ((4, 6), (4, 6), FOUR_ZEROS, r"target_probs must have k\+1=5 rows, got 4"),
-    ((3, 6), (5, 6), FOUR_ZEROS, r"draft_probs must have k=4 rows, got 3"),
-    ((4, 6), (5, 7), FOUR_ZEROS, "must share the vocabulary size, got 6 and 7"),
-    ((4, 6), (5,), FOUR_ZEROS, "target_probs must be a 2-D floating-point tensor, got shape"),
-    ((4, 6), (5, 6), FOUR_ZEROS.float(), r"draft_tokens must be a 1-D int64 or int32 tensor \[k\]"),
-    ((4, 6), (5, 6), FOUR_ZEROS[None], "draft_tokens must be a 1-D"),
-    ((4, 6), (5, 6), torch.tensor([0, 1, 6, 2]), r"draft_tokens must lie in \[0, 6\)"),
-    ((4, 6), (5, 6), torch.tensor([0, -1, 2, 2]), r"draft_tokens must lie in \[0, 6\)"),
+    ((4, 6), (4, 6), FOUR_ZEROS, r"target_probs.*k\+1=5"),
+    ((3, 6), (5, 6), FOUR_ZEROS, r"draft_probs.*k=4"),
+    ((4, 6), (5, 7), FOUR_ZEROS, r"vocabulary.*6 and 7"),
+    ((4, 6), (5,), FOUR_ZEROS, r"target_probs.*2-D"),
+    ((4, 6), (5, 6), FOUR_ZEROS.float(), r"draft_tokens.*int64"),
+    ((4, 6), (5, 6), FOUR_ZEROS[None], r"draft_tokens.*1-D"),
+    ((4, 6), (5, 6), torch.tensor([0, 1, 6, 2]), r"draft_tokens.*\[0, 6\)"),
+    ((4, 6), (5, 6), torch.tensor([0, -1, 2, 2]), r"draft_tokens.*\[0, 6\)"),
 ])
 def test_rejection_sample_rejects_bad_inputs(draft_shape, target_shape, tokens, message):
     with pytest.raises(ValueError, match=message):

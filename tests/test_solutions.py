@@ -7,8 +7,9 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core.engine import RoundStats
-from specdec_utils.theory import expected_tokens_per_round
 from specdec_utils.speculative import autoregressive_generate, forward_uncached
+from specdec_utils.theory import expected_tokens_per_round
+
 from conftest import noisy_copy, random_model, random_prompt
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
@@ -203,6 +204,7 @@ def test_ch06_head_gap(ch06):
 
 def test_ch07_ancestors_by_lifting_and_bytes():
     import random
+
     from specdec_utils.core.tree import tree_mask
     ch07 = load("ch07")
     rng = random.Random(0)
@@ -233,7 +235,8 @@ def test_ch08_bound_and_buffer_bytes():
     compared = ch08.compare(bench)
     assert [g for g, _, _ in compared] == [2, 3, 4, 5, 6]
     assert all(0.7 < predicted / measured < 1.3 for _, measured, predicted in compared)
-    assert ch08.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2 == 4 * ch08.kv_bytes_per_step(256, 30, 3, 64, 2)
+    assert (ch08.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2
+            == 4 * ch08.kv_bytes_per_step(256, 30, 3, 64, 2))
 
 
 def test_ch09_bootstrap_and_loop_overhead():
@@ -282,7 +285,8 @@ def test_ch00_measurements_run_on_a_tiny_model():
     model = random_model("tiny-llama", seed=0)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    assert ch00.kv_cache_bytes(config, 512, 4) == 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 512 * 4
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    assert ch00.kv_cache_bytes(config, 512, 4) == 2 * layers * kv_heads * head_dim * 512 * 4
     assert ch00.forward_ms_at(model, 16, 2, repeats=2) > 0
     rates = ch00.matmul_rates(64, 128, rows=(1, 16), repeats=2)
     assert set(rates) == {1, 16} and all(r > 0 for r in rates.values())
@@ -308,25 +312,28 @@ def test_ch01_best_draft_weighs_alpha_against_cost():
     t_verify = {k: 10.0 + 0.5 * (k - 1) for k in range(1, 10)}
     result = ch01.best_draft({"cheap": (0.55, 0.4), "good": (0.6, 2.0)}, 10.0, t_verify)
     assert result["winner"] == "cheap" and result["cheap"][0] >= result["good"][0]
-    assert ch01.best_draft({"same-cost-better": (0.8, 1.0), "worse": (0.5, 1.0)}, 10.0, t_verify)["winner"] == "same-cost-better"
+    drafts = {"same-cost-better": (0.8, 1.0), "worse": (0.5, 1.0)}
+    assert ch01.best_draft(drafts, 10.0, t_verify)["winner"] == "same-cost-better"
 
 
 def test_ch01_counts_passes_and_two_token_first_draft_pass():
-    from conftest import teaching_namespace
     from specdec_utils.core.kv_cache import cache_length, trim_cache
+
+    from conftest import teaching_namespace
     ch01 = load("ch01")
     notebook = teaching_namespace("01_greedy_speculative_decoding.ipynb",
                                   {"torch": torch, "forward_uncached": forward_uncached, "trim_cache": trim_cache,
                                    "cache_length": cache_length}, min_cells=2)
     target = random_model("tiny-llama", seed=0)
     input_ids = random_prompt(6, 1)
-    for draft, fully_accepted in ((noisy_copy(target, noise=0.0, seed=0), True), (random_model("tiny-llama", seed=2), False)):
+    for draft, fully_accepted in ((noisy_copy(target, noise=0.0, seed=0), True),
+                                  (random_model("tiny-llama", seed=2), False)):
         counted = ch01.count_passes(notebook["greedy_speculative_generate"], target, draft, input_ids, 20, 4)
         assert counted["target_passes"] == len(counted["rounds"])
         assert counted["draft_passes"] == sum(k for k, _ in counted["rounds"])
         assert counted["first_pass_tokens"][0] == 6  # the prefill
-        after = [(prev_a == prev_k, n) for (prev_k, prev_a), n in zip(counted["rounds"], counted["first_pass_tokens"][1:])
-                 if n]
+        after = [(prev_a == prev_k, n)
+                 for (prev_k, prev_a), n in zip(counted["rounds"], counted["first_pass_tokens"][1:]) if n]
         assert all(n == (2 if full else 1) for full, n in after)
         assert any(full for full, _ in after) == fully_accepted
 
@@ -368,6 +375,7 @@ def ch02():
     return load("ch02")
 
 
+@pytest.mark.stat
 def test_ch02_planted_bug_is_biased_toward_the_draft_and_caught(ch02):
     p, q = ch02.P_TOY, ch02.Q_TOY
     emitted = ch02.planted_bug_emission(p, q)
@@ -390,6 +398,7 @@ def test_ch02_planted_bug_is_biased_toward_the_draft_and_caught(ch02):
     assert 0.1 < ch02.planted_bug_pair_level(*ch02.toy_markov(), start=0) < 0.3  # section 3's flat red curve
 
 
+@pytest.mark.stat
 def test_ch02_match_a_target_sample_is_exact_and_keeps_less(ch02):
     draft_probs = torch.tensor([[0.05, 0.40, 0.30, 0.05, 0.10, 0.10], [0.30, 0.05, 0.05, 0.40, 0.10, 0.10]])
     target_probs = torch.tensor([[0.35, 0.10, 0.10, 0.25, 0.05, 0.15], [0.05, 0.40, 0.30, 0.05, 0.10, 0.10],
@@ -443,7 +452,8 @@ def test_ch02_simulation_along_alpha(ch02):
     assert ch02.simulate_tokens_per_pass(short, 6, repeats=50) < formula
     assert ch02.simulate_tokens_per_pass([torch.ones(12)], 3, repeats=1) == 4.0
     parts = ch02.gap_decomposition(short, 4, measured=1.9, repeats=20)
-    assert set(parts) == {"formula", "simulated, constant α with the budget", "simulated along the measured α_t", "measured"}
+    assert set(parts) == {"formula", "simulated, constant α with the budget", "simulated along the measured α_t",
+                          "measured"}
     assert parts["simulated, constant α with the budget"] < parts["formula"]
 
 
@@ -459,9 +469,9 @@ def test_ch07_to_ch09_state_their_answers():
     assert "fitted alpha 0.66" in fit and "gamma 6: measured 411" in fit
     assert "23.6 MB per step" in buffer and "52 us per attention call" in buffer
     lines = ch09.answers()
-    assert sum(line.startswith("1. ") for line in lines) == 5 and any("code: 5-95% interval" in l for l in lines)
-    assert any("gpu_h100_bfloat16:" in l and "holds" in l for l in lines)
-    assert any("graphed" in l and "ours replays graphs" in l for l in lines)
+    assert sum(line.startswith("1. ") for line in lines) == 5 and any("code: 5-95% interval" in line for line in lines)
+    assert any("gpu_h100_bfloat16:" in line and "holds" in line for line in lines)
+    assert any("graphed" in line and "ours replays graphs" in line for line in lines)
 
 
 # notebook 03: the answers in words, and the code behind the conceptual halves ----------------------------
@@ -514,7 +524,8 @@ def test_ch05_tau2_sweep_is_judged_with_its_spread(ch05):
 
 
 def test_ch07_one_tile_kernel_matches_sdpa():
-    """Exercise 3's single-program Triton kernel, in the CPU interpreter (compiled on a GPU), against SDPA with the mask."""
+    """Exercise 3's single-program Triton kernel, in the CPU interpreter (compiled on a GPU), against SDPA with
+    the mask."""
     import random
     ch07 = load("ch07")
     if not ch07.ta.AVAILABLE:
@@ -524,7 +535,8 @@ def test_ch07_one_tile_kernel_matches_sdpa():
         parents = torch.tensor([-1] + [rng.randrange(-1, i) for i in range(1, T)])
         mask = ch07.ta.mask_from_parents(parents, P)
         device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on a CPU
-        q, k, v = torch.randn(T, 64, device=device), torch.randn(P + T, 64, device=device), torch.randn(P + T, 64, device=device)
+        q = torch.randn(T, 64, device=device)
+        k, v = torch.randn(P + T, 64, device=device), torch.randn(P + T, 64, device=device)
         mask = mask.to(device)
         reference = ch07.ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
         torch.testing.assert_close(ch07.one_tile_tree_attention(q, k, v, mask), reference, atol=1e-5, rtol=1e-5)

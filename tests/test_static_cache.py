@@ -18,7 +18,8 @@ from specdec_utils.core import static_cache
 from specdec_utils.core.engine import forward_uncached
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.core.runner import ModelRunner, new_cache
-from specdec_utils.core.static_cache import PreallocatedLayer, StaticKVCache
+from specdec_utils.core.static_cache import StaticKVCache
+
 from conftest import noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -98,7 +99,8 @@ METHODS = [("ar", {}), ("greedy", {}), ("sampling", {"temperature": 1.0, "top_p"
            ("draft-tree", {"temperature": 0.8}), ("medusa", {**CARTESIAN, "temperature": 1.0})]
 
 
-@pytest.mark.parametrize("method,kwargs", METHODS, ids=[f"{m}-{'sampled' if 'temperature' in k else 'greedy'}" for m, k in METHODS])
+@pytest.mark.parametrize("method,kwargs", METHODS,
+                         ids=[f"{m}-{'sampled' if 'temperature' in k else 'greedy'}" for m, k in METHODS])
 def test_every_method_gives_the_same_tokens_on_the_static_cache(tiny, method, kwargs):
     target, draft, heads = tiny
     ids = random_prompt(9, seed=7, vocab=64)
@@ -161,12 +163,13 @@ def test_the_graphed_step_gives_the_eager_tokens_and_reuses_its_caches(pair, met
 
 @pytest.mark.parametrize("method", ["ar", "greedy"])
 def test_a_cache_that_grows_mid_generation_drops_its_graphs(pair, method):
-    """A first buffer holds the prompt + CHUNK positions, rounded up to a multiple of CHUNK; asking for
-    more new tokens than that makes the cache grow into new buffers mid-generation: every graph of the
-    old ones is dropped (the epoch moves on), the steps after it are prepared again on the new buffers
-    (keyed by the new capacity), and the tokens are the eager ones."""
+    """A first buffer holds what the first forward feeds + CHUNK positions, rounded up to a multiple of
+    CHUNK (the target's first forward is the prompt and the first round's drafts); asking for more new
+    tokens than that makes the cache grow into new buffers mid-generation: every graph of the old ones
+    is dropped (the epoch moves on), the steps after it are prepared again on the new buffers (keyed by
+    the new capacity), and the tokens are the eager ones."""
     target, draft = pair
-    prompt, new_tokens = random_prompt(static_cache.CHUNK, seed=12), static_cache.CHUNK + 16
+    prompt, new_tokens = random_prompt(static_cache.CHUNK - 8, seed=12), static_cache.CHUNK + 16
     eager = generate(target, prompt, new_tokens, method=method, draft=draft, gamma=4).new_token_ids
     runners = graphed(target, draft)
     result = generate(runners[0], prompt, new_tokens, method=method, draft=runners[1], gamma=4)
@@ -178,7 +181,7 @@ def test_a_cache_that_grows_mid_generation_drops_its_graphs(pair, method):
     # a new generation keeps the grown buffers and the graphs recorded on them
     epoch, graphs = runner.epoch, set(runner.graphs)
     assert generate(runners[0], prompt, new_tokens, method=method, draft=runners[1], gamma=4).new_token_ids == eager
-    assert runner.epoch == epoch and set(runner.graphs) == graphs
+    assert runner.epoch == epoch and graphs <= set(runner.graphs)  # kept (and maybe a few more shapes)
 
 
 def test_a_target_drafting_for_itself_needs_two_runners(pair):
@@ -191,10 +194,12 @@ def test_a_target_drafting_for_itself_needs_two_runners(pair):
         assert result.new_token_ids == reference and result.accepted == result.drafted > 0
     assert generate(target, prompt, 25, method="greedy", draft=target, gamma=4).new_token_ids == reference  # models
     for runner in (ModelRunner(target), *graphed(target)):
-        for method in ("greedy", "draft-tree"):
-            with pytest.raises(ValueError, match=r"^the draft and the target share one ModelRunner \(one cache\): "
-                                                 r"give each its own runner"):
-                generate(runner, prompt, 25, method=method, draft=runner, gamma=4)
+        for method in ("greedy", "draft-tree", "hierarchical"):
+            with pytest.raises(ValueError, match=r"^two models of this generation share one ModelRunner"):
+                generate(runner, prompt, 25, method=method, draft=runner, draft_small=ModelRunner(target), gamma=4)
+    shared = ModelRunner(target)  # M1 and M2 of a hierarchy sharing one cache
+    with pytest.raises(ValueError, match=r"^two models of this generation share one ModelRunner"):
+        generate(target, prompt, 25, method="hierarchical", draft=shared, draft_small=shared)
 
 
 def test_forwards_that_return_a_hidden_state_run_eagerly(tiny):
@@ -233,6 +238,7 @@ def test_the_bench_counts_the_forwards_of_its_runners(pair):
     counts a runner's forwards from the runner. The counts, tokens and per-round sums must be those of
     the same run on the plain models (the hooks' counts); Hugging Face's method runs on the models."""
     from transformers import AutoTokenizer
+
     from specdec_utils.models import ensure_target_cache
     from specdec_utils.tools import bench
     tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
@@ -268,7 +274,6 @@ def test_non_transformers_models_keep_their_own_caches(pair):
     from specdec_utils.exactness import ToyLM
     assert new_cache(ToyLM(8), 5) is None and new_cache(pair[0], 5, "dynamic") is None
     assert isinstance(new_cache(pair[0], 5), StaticKVCache)
-    assert isinstance(PreallocatedLayer(4), PreallocatedLayer)
 
 
 def test_a_cache_made_in_inference_mode_keeps_working_outside_it(pair):
@@ -296,9 +301,10 @@ def test_recorded_cuda_graphs_give_the_eager_tokens():
     alone, with a draft, with the target drafting for itself (two runners), and across a cache that grows
     mid-generation (its graphs dropped and recorded again on the new buffers)."""
     device = torch.device("cuda")
-    target = random_model("tiny-llama", seed=0).to(device)
+    target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.02, seed=1).to(device)
-    short, long = random_prompt(9, seed=14).to(device), random_prompt(static_cache.CHUNK, seed=15).to(device)
+    target = target.to(device)
+    short, long = random_prompt(9, seed=14).to(device), random_prompt(static_cache.CHUNK - 8, seed=15).to(device)
     runners = {"target": ModelRunner(target, graphs=True), "draft": ModelRunner(draft, graphs=True),
                "self": ModelRunner(target, graphs=True)}
     for prompt, new_tokens in ((short, 40), (long, static_cache.CHUNK + 16)):  # the long one outgrows the buffers
@@ -315,6 +321,6 @@ def test_recorded_cuda_graphs_give_the_eager_tokens():
     assert runner.captures > 0 and runner.replays > runner.captures
     assert runner.epoch >= 1 and runner.cache.capacity > 2 * static_cache.CHUNK  # the long prompt grew the cache
     assert runner.graphs and all(key[2:] == (runner.cache.capacity, runner.epoch) for key in runner.graphs)
-    captures = runner.captures
-    assert generate(runner, short, 40, method="ar").new_token_ids == generate(target, short, 40, method="ar").new_token_ids
+    captures, reference = runner.captures, generate(target, short, 40, method="ar").new_token_ids
+    assert generate(runner, short, 40, method="ar").new_token_ids == reference
     assert runner.captures == captures  # a new generation replays the graphs it already has

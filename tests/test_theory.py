@@ -5,7 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_utils.theory import expected_accepted_length, expected_speedup, optimal_gamma
+from specdec_utils.theory import (
+    best_hierarchy_speedup,
+    best_pair_speedup,
+    expected_accepted_length,
+    expected_speedup,
+    expected_speedup_hierarchical,
+    hierarchy_gain,
+    middle_cost_per_token,
+    optimal_gamma,
+)
 
 
 def test_known_values():
@@ -100,8 +109,6 @@ def test_rejects_negative_cost_ratio():
 
 
 # --- two levels (notebook 05) -------------------------------------------------------------------
-from specdec_utils.theory import (best_hierarchy_speedup, best_pair_speedup, expected_speedup_hierarchical,
-                                  hierarchy_gain, middle_cost_per_token)
 
 
 def test_middle_cost_per_token():

@@ -1,12 +1,14 @@
 """Tests of the distillation code on tiny models: the loss is a real KL in the draft's reduced
 vocabulary, training lowers it, the simulated tau follows greedy speculative decoding, and the CLI
 refuses bad arguments with one clear line."""
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig
 
-from specdec_utils.tools import train_draft
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, tiny_model
+from specdec_utils.tools import train_draft
 
 V = 64
 
@@ -53,6 +55,62 @@ def test_distill_loss_is_kl_and_training_lowers_it():
     log = train_draft.train(draft, target, corpus, steps=60, batch_size=4, lr=3e-3, log_every=10)
     assert log[-1]["kl"] < 0.7 * log[0]["kl"]
     assert log[-1]["step"] == 59 and all(e["lr"] > 0 for e in log)
+
+
+def test_batch_pads_and_cuts_corpus_rows():
+    corpus = [{"ids": [5, 6, 7, 8]}, {"ids": [9]}, {"ids": [1, 2]}]
+    ids, mask = train_draft.batch(corpus, [0, 1], 3, "cpu")
+    assert ids.tolist() == [[5, 6, 7], [9, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    ids, mask = train_draft.batch(corpus, [2, 0], None, "cpu")  # None: whole rows
+    assert ids.tolist() == [[1, 2, 0, 0], [5, 6, 7, 8]] and mask.sum().item() == 6
+
+
+@pytest.mark.parametrize("peak, warmup, total, floor", [(2e-3, 400, 20000, 2e-4), (3e-4, 500, 3000, 1e-5),
+                                                         (1e-3, 30, 45, 0.0)])
+def test_lr_schedule_is_the_library_schedule(peak, warmup, total, floor):
+    """Both trainers' rate is transformers' warm-up + cosine with a floor, stepped as a LambdaLR would; after
+    the last step it stays at the floor (the library's cosine would climb again)."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup_lr_rate
+
+    from specdec_utils.tools.train_medusa import lr_at
+    rate = train_draft.lr_schedule(peak, warmup, total, floor)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
+    library = get_cosine_with_min_lr_schedule_with_warmup_lr_rate(optimizer, warmup, total, min_lr=floor)
+    for step in range(total):
+        assert rate(step) == pytest.approx(library.get_last_lr()[0], rel=1e-12, abs=1e-15)
+        optimizer.step()
+        library.step()
+    assert rate(0) == pytest.approx(peak / warmup) and rate(warmup - 1) == pytest.approx(peak)
+    assert rate(total - 1) == pytest.approx(floor, abs=1e-15) == rate(10 * total)
+    assert lr_at(7, total, peak, warmup, floor) == rate(7)  # the heads' schedule is the same function
+
+
+def test_stop_head_training_pipeline_on_tiny_models():
+    """tools/train_stop_head: features and exact acceptance labels along target-written rows, then a fit."""
+    from specdec_utils.core.stop_head import StopHead
+    from specdec_utils.tools import train_stop_head
+    target, draft = (tiny_model("tiny-llama", vocab_size=V, seed=seed).eval() for seed in (1, 2))
+    rows = torch.randint(3, V, (6, 10), generator=torch.Generator().manual_seed(0))
+    corpus = [{"ids": row[:7 + i % 3].tolist(), "prompt_len": 4} for i, row in enumerate(rows)]
+    features, labels = train_stop_head.collect(target, draft, corpus, batch_size=4)
+    positions = sum(len(r["ids"]) - r["prompt_len"] for r in corpus)
+    assert features.shape == (positions, draft.config.hidden_size + 3) and labels.shape == (positions, 2)
+    assert set(labels[:, 0].tolist()) <= {0.0, 1.0} and 0 <= labels[:, 1].min() <= labels[:, 1].max() <= 1
+    head, log = train_stop_head.train_head(features, labels, steps=20, seed=0, val_fraction=0.3)
+    assert isinstance(head, StopHead) and set(log["val_auc"]) == {"greedy", "sampled"}
+
+
+def test_roc_auc_counts_ties_half():
+    """scikit-learn's AUC is the probability that a positive outscores a negative, ties counting half."""
+    from specdec_utils.tools.train_stop_head import roc_auc
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 5, (200,), generator=generator).float()  # many ties
+    positive = torch.rand(200, generator=generator) < scores / 5
+    pos, neg = scores[positive], scores[~positive]
+    pairwise = ((pos[:, None] > neg[None]).double().mean() + 0.5 * (pos[:, None] == neg[None]).double().mean()).item()
+    assert roc_auc(scores, positive) == pytest.approx(pairwise, rel=1e-12)
+    assert roc_auc(torch.tensor([0.1, 0.9]), torch.tensor([False, True])) == 1.0
+    assert math.isnan(roc_auc(scores, torch.ones(200, dtype=torch.bool)))  # one kind only
 
 
 @pytest.mark.parametrize("args, message", [(["--names", "draft-xl"], "unknown draft 'draft-xl'"),

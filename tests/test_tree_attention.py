@@ -92,28 +92,28 @@ def test_bad_input_gets_one_clear_error():
     q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match="earlier node"):
         ta.tree_attention(q, k, k, torch.tensor([-1, 1, 0]))
-    with pytest.raises(ValueError, match=r"parents must be an integer tensor \[T\]"):
+    with pytest.raises(ValueError, match=r"parents.*integer"):
         ta.tree_attention(q, k, k, torch.tensor([-1, 0]))
-    with pytest.raises(ValueError, match=r"mask must be bool \[T, P \+ T\]"):
+    with pytest.raises(ValueError, match=r"mask.*bool"):
         ta.tree_attention_masked(q, k, k, torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="multiple of the KV heads"):
         ta.tree_attention(torch.randn(1, 3, 3, 16), k, k, torch.tensor([-1, 0, 0]))
     with pytest.raises(ValueError, match="one dtype"):
         ta.tree_attention(q.half(), k, k, torch.tensor([-1, 0, 0]))
-    with pytest.raises(ValueError, match="at most 256 nodes"):
+    with pytest.raises(ValueError, match=r"at most 256"):
         ta.tree_attention(torch.randn(1, 1, 257, 16), torch.randn(1, 1, 257, 16), torch.randn(1, 1, 257, 16),
                           torch.arange(257) - 1)
-    with pytest.raises(ValueError, match=r"mask\[:, :P\] must be all True"):
+    with pytest.raises(ValueError, match=r"mask\[:, :P\].*True"):
         mask = ta.mask_from_parents(torch.tensor([-1, 0, 0]), 2)
         mask[1, 0] = False
         ta.tree_attention_masked(q, k, k, mask)
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'; allowed: sdpa, tree_triton"):
+    with pytest.raises(ValueError, match=r"backend 'flash'.*allowed: .*sdpa"):
         ta.use_backend(torch.nn.Linear(1, 1), "flash")
 
 
 def test_without_triton_the_module_imports_and_says_why():
     code = ("import sys; sys.modules['triton'] = None\n"
-            "from specdec_utils import tree_attention as ta\n"
+            "from specdec_utils.core import tree_attention as ta\n"
             "import torch\n"
             "assert not ta.AVAILABLE and 'triton is not available' in ta.WHY, ta.WHY\n"
             "try:\n    ta.tree_attention(torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8),"

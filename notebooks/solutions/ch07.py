@@ -65,7 +65,7 @@ def mask_bytes(P: int, T: int) -> int:
 
 
 # 3. A kernel of your own ----------------------------------------------------------------------
-from specdec_utils.core import tree_attention as ta  # noqa: E402  (imports specdec_utils first: the interpreter switch)
+from specdec_utils.core import tree_attention as ta  # noqa: E402  (without a GPU, set TRITON_INTERPRET=1 first)
 
 if ta.AVAILABLE:
     import triton

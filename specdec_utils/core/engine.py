@@ -35,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from .checks import is_int as _is_int
 from .runner import ModelRunner, as_runner, attention_backends, forward_uncached  # noqa: F401 (re-exported)
 from .sampling import sample_token, warp_logits
 from .verify import Verifier, greedy_verify  # noqa: F401 (re-exported)
@@ -195,7 +196,8 @@ class Proposer(Protocol):
     tokens along any path; `index` = tokens generated so far); `rollback(committed)` is called after
     each round with the number of committed tokens its caches may keep. A proposer that reads the
     target's hidden state sets `needs_target_hidden = True`; the loop then calls `observe_target(h)`
-    with the target's pre-norm hidden state [H] at the position that produced the newest token."""
+    with the target's pre-norm hidden state [H] at the position that produced the newest token. A
+    proposer that owns `ModelRunner`s lists them in `runners()` (no two models may share one cache)."""
 
     def propose(self, tokens: torch.Tensor, gamma: int, policy, sampler: Sampler, generator,
                 index: int) -> Proposal: ...
@@ -256,6 +258,10 @@ class DraftModelProposer:
         # After a fully accepted round the draft's cache lacks its last proposal: keep what it has.
         self.runner.rollback(committed)
 
+    def runners(self) -> tuple:
+        """The runners (caches) this proposer owns; the loop checks that no two models share one."""
+        return (self.runner,)
+
 
 # --------------------------------------------------------------------------- the loop
 @torch.inference_mode()
@@ -269,10 +275,12 @@ def decode(target, proposer, policy, input_ids: torch.Tensor, max_new_tokens: in
     prefill, so a draft that is always accepted needs ceil(n / (gamma + 1)) target passes.
     """
     target = as_runner(target)
-    if getattr(proposer, "runner", None) is target:
-        raise ValueError("the draft and the target share one ModelRunner (one cache): give each its own runner "
-                         "(the same model may drive both)")
+    runners = [target, *getattr(proposer, "runners", tuple)()]
+    if len({id(r) for r in runners}) < len(runners):
+        raise ValueError("two models of this generation share one ModelRunner (one cache): give each its own runner "
+                         "(the same model may drive several)")
     target.begin(input_ids.shape[1])
+    proposer.rollback(0)  # a new generation: a draft runner reused from an earlier call keeps nothing of it
     return _decode(target, proposer, policy, verifier or Verifier(), input_ids, max_new_tokens, sampler, eos_ids,
                    generator, method)
 
@@ -384,10 +392,6 @@ def as_id_set(eos_token_id) -> set[int]:
     if ids is None or not all(_is_int(token) for token in ids):
         raise ValueError(f"eos_token_id must be None, a token id or a collection of token ids, got {eos_token_id!r}")
     return {int(token) for token in ids}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma=None) -> None:

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import torch
 
+from .checks import is_count as _count
+from .checks import is_number as _number
+from .checks import require
 from .engine import DraftModelProposer, DraftStep, Proposal
-from .runner import as_runner
 from .ngram import NgramDraft
-from .policies import DraftingPolicy, _count, _number, require
+from .policies import DraftingPolicy
+from .runner import as_runner
 from .sampling import rejection_sample, sample_token
 from .verify import greedy_verify
 
@@ -108,6 +111,9 @@ class HierarchicalProposer:
         if not self.is_ngram:
             self.small.rollback(committed)
         self.middle.rollback(committed)
+
+    def runners(self) -> tuple:
+        return (self.middle,) if self.is_ngram else (self.middle, *self.small.runners())
 
     def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
         pending, rows, sources, entropies = [], [], [], []

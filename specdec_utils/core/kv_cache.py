@@ -1,14 +1,15 @@
-"""KV-cache rollback that survives transformers' API churn.
+"""KV-cache length and rollback, for every cache the course meets.
 
 Speculative decoding appends gamma drafted tokens to a KV cache and must remove the rejected ones.
-`DynamicCache.crop(n)` meant "keep n tokens" until transformers 5.17 (which only warns) and raises
-for positive n from 5.2x on; a negative n ("remove |n| tokens") works in both. Worse, in the
-legacy meaning `crop(0)` empties the cache, so a rollback of zero tokens must never reach it.
 The engine's own `StaticKVCache` (static_cache.py, notebook 08) has `rollback(n)`: a pointer move.
+transformers' `DynamicCache` is cropped with a negative count ("remove n positions"), the one meaning
+that is the same on every supported version (`compat.crop_cache`, tested in tests/test_compat.py); a
+rollback of zero positions never reaches it (`crop(0)` empties a cache in the legacy API). The toy
+models of the exactness tests keep legacy tuples, which are sliced.
 """
 from __future__ import annotations
 
-import torch
+from ..compat import crop_cache
 
 
 def cache_length(cache) -> int:
@@ -23,8 +24,8 @@ def cache_length(cache) -> int:
 def trim_cache(cache, length: int):
     """Roll `cache` back so that it holds exactly its first `length` positions; return it.
 
-    Works on transformers 5.17 and 5.23 `DynamicCache` (negative `crop`), on caches without a
-    `crop` method (per-layer slicing), and on legacy tuples (returns a new tuple).
+    Works on the course's `StaticKVCache` (a pointer move), on transformers caches (`crop(-n)`),
+    and on legacy tuples (returns a new tuple); anything else is refused with one line.
     """
     current = cache_length(cache)
     if not 0 <= length <= current:
@@ -38,13 +39,9 @@ def trim_cache(cache, length: int):
         return cache  # never call crop(0): in the legacy API it empties the cache
     if isinstance(cache, tuple):
         return tuple(tuple(t[..., :length, :] for t in layer) for layer in cache)
-    try:
-        cache.crop(-remove)
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        for layer in cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys[..., :length, :]
-                layer.values = layer.values[..., :length, :]
+    if not hasattr(cache, "crop"):
+        raise ValueError(f"cannot roll back a {type(cache).__name__}: a KV cache needs rollback(n) or crop(-n)")
+    crop_cache(cache, remove)
     if cache_length(cache) != length:
         raise RuntimeError(f"cache rollback failed: expected {length} positions, "
                            f"found {cache_length(cache)} ({type(cache).__name__})")

@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..models import MODELS_DIR
 from .hidden import capture_hidden, final_norm  # noqa: F401 (the heads' hook, re-exported for the trainer)
@@ -79,7 +79,7 @@ class MedusaHeads(nn.Module):
         """Head logits [..., K, V'] for hidden states h [..., H] (V' = len(vocab_ids) if sliced)."""
         return self.hidden(h) @ self.lm_weight.T
 
-    def with_vocab(self, vocab_ids: torch.Tensor | None) -> "MedusaHeads":
+    def with_vocab(self, vocab_ids: torch.Tensor | None) -> MedusaHeads:
         """A view of these heads (same trained blocks) whose output is restricted to `vocab_ids`."""
         other = copy.copy(self)
         other._buffers = dict(self._buffers)
@@ -180,7 +180,8 @@ def head_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], i
     return out
 
 
-def rank_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], int]], ranks: int = 10) -> list[list[float]]:
+def rank_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], int]],
+                  ranks: int = 10) -> list[list[float]]:
     """acc[k][r] = how often head k+1's rank-r guess is the right token (teacher-forced, as in
     `head_accuracy`): the input of Medusa's sparse-tree construction (`tree.sparse_paths`)."""
     acc = head_accuracy(heads, target, sequences, topk=tuple(range(1, ranks + 1)))

@@ -13,7 +13,7 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | `adaptive-dual` | the draft model | acceptance and entropy, from `start` (notebook 03) | 8 |
 | `oracle` | the draft model | knows the target's greedy answer (greedy only) | 16 |
 | `entropy-stop`, `confidence-stop`, `adaedl`, `learned-stop` | the draft model | stop per token (notebook 04) | 10 |
-| `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) pre-verified by `draft` (M2) | per level (notebook 05) | 10 |
+| `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) checked by `draft` (M2) | per level (notebook 05) | 10 |
 | `medusa` | Medusa `heads` on the target: a token tree | tree template, size, pruning (notebook 06) | 4 |
 | `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) | 4 |
 
@@ -22,8 +22,8 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from . import hierarchy, policies, tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
@@ -81,7 +81,8 @@ def _medusa(models, what):
 
 def _draft_tree(models, what):
     draft = models["draft"]
-    if draft is None or isinstance(draft, hierarchy.NgramDraft) or not (callable(draft) or isinstance(draft, ModelRunner)):
+    usable = callable(draft) or isinstance(draft, ModelRunner)
+    if draft is None or isinstance(draft, hierarchy.NgramDraft) or not usable:
         raise ValueError(f"{what} needs draft=... a transformers draft model (it runs tree-masked forwards), "
                          f"got {type(draft).__name__}")
     return tree_drafting.DraftTreeProposer(draft)
@@ -162,7 +163,7 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
     policy_class = REGISTRY[method].policy
-    return policy_class(**params) if gamma is None else policy_class(gamma, **params)
+    return policy_class(**params) if gamma is None else policy_class(**params, gamma=gamma)
 
 
 def make_verifier(policy) -> Verifier:

@@ -49,7 +49,7 @@ class NgramDraft(nn.Module):
     # ------------------------------------------------------------------ building, saving, loading
     @classmethod
     def build(cls, sequences: list[tuple[list[int], int]], vocab_size: int, top: int = 4,
-              min_count: int = 2) -> "NgramDraft":
+              min_count: int = 2) -> NgramDraft:
         """Count, for every position of the target-written part of each sequence (ids, prompt_len),
         the token that followed each 3- and 2-token context. Contexts seen fewer than `min_count`
         times are dropped (a single sighting predicts little and costs memory); `top` next tokens
@@ -89,7 +89,7 @@ class NgramDraft(nn.Module):
             (folder / LOG_FILE).write_text(json.dumps(log, indent=1))
 
     @classmethod
-    def load(cls, folder: Path) -> "NgramDraft":
+    def load(cls, folder: Path) -> NgramDraft:
         from safetensors import safe_open
         path = Path(folder) / TABLE_FILE
         if not path.exists():

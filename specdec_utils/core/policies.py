@@ -21,23 +21,12 @@ peeks at the target's answer, so it exists only for greedy decoding, as an upper
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
+from .checks import is_count, is_number, require
 
-def require(name: str, value, ok: bool, allowed: str) -> None:
-    """One clear error for a bad policy parameter: what it is, what is allowed."""
-    if not ok:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def _number(value, low=-math.inf, high=math.inf) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and low <= value <= high
-
-
-def _count(value, low=1) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+_number, _count = is_number, is_count  # short names for the checks below
 
 
 class DraftingPolicy:
@@ -72,7 +61,7 @@ class HeuristicGamma(DraftingPolicy):
     in transformers (the token budget still caps a round)."""
     name = "adaptive-hf"
 
-    def __init__(self, gamma: int | None = None, start: int = 4):
+    def __init__(self, start: int = 4, gamma: int | None = None):
         require("gamma", gamma, gamma is None or _count(gamma), "an integer >= 1 or None (no cap)")
         require("start", start, _count(start), "an integer >= 1")
         super().__init__(start if gamma is None else min(start, gamma))
@@ -94,8 +83,8 @@ class DualSignalGamma(DraftingPolicy):
     stays in [min_gamma, gamma]."""
     name = "adaptive-dual"
 
-    def __init__(self, gamma: int = 8, start: int = 4, high: float = 0.8, low: float = 0.3,
-                 entropy_threshold: float = 2.0, min_gamma: int = 1):
+    def __init__(self, start: int = 4, high: float = 0.8, low: float = 0.3, entropy_threshold: float = 2.0,
+                 min_gamma: int = 1, gamma: int = 8):
         max_gamma = gamma
         require("start", start, _count(start), "an integer >= 1")
         for name, value in (("high", high), ("low", low)):

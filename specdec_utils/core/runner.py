@@ -203,6 +203,8 @@ class ModelRunner:
     def _drop_graphs(self) -> None:
         self.graphs.clear()
         self.epoch += 1
+        if self.pool is not None:  # a memory pool whose graphs are all freed takes no new capture: start another
+            self.pool = torch.cuda.graph_pool_handle()
 
     def _graphable(self, n: int) -> bool:
         cache = self.cache

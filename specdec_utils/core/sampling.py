@@ -16,12 +16,13 @@ import numbers
 
 import torch
 
+from .checks import require
+
 _TOKEN_DTYPES = (torch.int64, torch.int32)
 
 
 def _require(ok: bool, name: str, allowed: str, value) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    require(name, value, ok, allowed)
 
 
 def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -34,6 +35,15 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
     probable tokens whose mass reaches top_p, never fewer than one. Logits of -inf (or the dtype's
     minimum) get probability 0; each row needs at least one finite logit. Speculative sampling is
     lossless only if the draft and the target are warped with the same settings.
+
+    transformers' `TemperatureLogitsWarper`, `TopKLogitsWarper` and `TopPLogitsWarper` (what
+    `generate(do_sample=True)` and the bench's `hf-*` rows use) give the same distributions except in
+    two places, so they are not used here: (1) tokens tied across the top-p boundary: both keep the same
+    number of them, transformers the highest indices (it sorts ascending and cuts the low tail), this
+    function the lowest; (2) tiny temperatures: transformers divides the raw logits, which overflow to
+    inf (NaN probabilities, e.g. at 1e-39), where this function shifts by the row maximum first. They also
+    take only [batch, V] rows, reject temperature 0 and top_k 0 (tests/test_sampling.py pins all this).
+    With top_p = 1, as in every committed sampled benchmark, the two agree.
     """
     _require(isinstance(temperature, numbers.Real) and math.isfinite(temperature)
              and temperature >= 0, "temperature", "a finite number >= 0 (0 means greedy)",

@@ -16,19 +16,20 @@ attends over the whole buffer under an explicit mask: fixed shapes, fixed addres
 CUDA graph needs. The same object serves both.
 
 It is a transformers `Cache` whose layers subclass `DynamicLayer`, overriding only what a layer
-does with its tensors (`update`, `get_seq_length`, `crop`); the interface they use is the same in
-transformers 5.17 and 5.23.
+does with its tensors (`update`, `get_seq_length`, `crop`); what that relies on is listed, and
+tested, in `compat.py`.
 """
 from __future__ import annotations
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer
+
+from ..compat import Cache, CacheLayer
 
 CHUNK = 128  # capacity: room for this many more positions, rounded up to a multiple of it
 
 
-class PreallocatedLayer(DynamicLayer):
+class PreallocatedLayer(CacheLayer):
     """One layer's keys and values: `keys`/`values` are the whole buffers [B, H_kv, capacity, D];
     the first `length` positions hold the cache."""
 
@@ -97,7 +98,7 @@ class StaticKVCache(Cache):
         super().__init__(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
 
     @classmethod
-    def for_model(cls, model, capacity: int = CHUNK) -> "StaticKVCache":
+    def for_model(cls, model, capacity: int = CHUNK) -> StaticKVCache:
         return cls(model.config.num_hidden_layers, -(-max(capacity, 1) // CHUNK) * CHUNK)
 
     @property

@@ -16,10 +16,11 @@ the prefix tiles run FlashAttention's online softmax with no mask at all, and a 
 kernel merges the slices. `reference` (SDPA with the boolean mask) is the oracle; `tiled_reference`
 is the same algorithm in PyTorch, for reading. `register` / `use_backend` make the kernels a
 transformers attention backend for tree passes. Without triton (macOS has no wheels) the module
-still imports; `AVAILABLE` is False and `WHY` says why. Without a GPU, importing this module (and only
-this one: the rest of the package has no import-time side effects) switches Triton to its CPU
-interpreter (`TRITON_INTERPRET=1`, which Triton reads when a kernel is decorated, unless you set it
-yourself): slow, for tests and toy sizes, which is how CI tests the kernels.
+still imports; `AVAILABLE` is False and `WHY` says why. Without a GPU the kernels run in Triton's CPU
+interpreter (slow: tests and toy sizes, which is how CI tests them). Triton decides when it is first
+imported (and transformers imports it with its model classes), so `TRITON_INTERPRET=1` must be in the
+environment before that: every notebook's first cell and the tests' conftest set it; if it was not,
+`WHY` says so in one line.
 """
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ import os
 
 import torch
 
-if not torch.cuda.is_available():  # Triton 3.x reads it when a kernel is decorated (below), not at import
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from ..compat import attn_implementation, register_attention, sdpa_attention
 
 try:
     import triton
@@ -40,6 +40,12 @@ except Exception as err:  # ImportError on macOS, or a broken install
     AVAILABLE = False
     WHY = (f"triton is not available here ({type(err).__name__}: {err}); the kernels need it (Linux wheels on "
            f"PyPI); the notebook shows the committed GPU results instead")
+if AVAILABLE and not torch.cuda.is_available():
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.max, InterpretedFunction):  # Triton's own library was built for a GPU: too late to switch
+        AVAILABLE = False
+        WHY = ("no GPU here, and Triton was imported before TRITON_INTERPRET=1 was set (for its CPU interpreter): "
+               "restart Python and set it before importing specdec_utils (every notebook's first cell does)")
 
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -369,9 +375,8 @@ def _backend(use_mask: bool):
         if (tree_parents is None or query.shape[2] != len(tree_parents) or query.shape[2] > MAX_NODES
                 or query.shape[0] != 1 or key.shape[2] != tree_key_length
                 or kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None):
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)
+            return sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
         if use_mask:  # the engine's additive 4D mask [1, 1, T, P + T]: 0 where a query may attend
             allowed = attention_mask[0, 0, :, :key.shape[2]] == 0
             out = _launch(query, key, value, allowed, None, scaling, True)
@@ -387,11 +392,8 @@ def register() -> list[str]:
     the mask-free kernel, `"tree_triton_masked"` the masked one; other forwards stay SDPA's."""
     if not AVAILABLE:
         raise RuntimeError(WHY)
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     for name, use_mask in BACKENDS.items():
-        AttentionInterface.register(name, _backend(use_mask))
-        AttentionMaskInterface.register(name, sdpa_mask)  # non-tree forwards get SDPA's masks
+        register_attention(name, _backend(use_mask))  # non-tree forwards get SDPA's masks
     return list(BACKENDS)
 
 
@@ -403,7 +405,7 @@ def use_backend(model, name: str) -> str:
         raise ValueError(f"unknown attention backend {name!r}; allowed: {', '.join(allowed)}")
     if name in BACKENDS:
         register()
-    previous = model.config._attn_implementation
+    previous = attn_implementation(model)
     model.set_attn_implementation(name)
     return previous
 
@@ -413,7 +415,7 @@ def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device
     pass's queries (the n_committed uncached committed tokens as a chain, then the tree nodes
     under the last of them). Empty for any other backend, or for a pass that starts inside a
     cached tree (fed > 0: its queries' ancestors are not one prefix) which then runs on SDPA."""
-    if getattr(model.config, "_attn_implementation", None) not in BACKENDS or fed:
+    if attn_implementation(model) not in BACKENDS or fed:
         return {}
     m = n_committed
     chain = torch.arange(-1, m - 1, device=parents.device)

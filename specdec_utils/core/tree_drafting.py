@@ -19,10 +19,13 @@ import math
 import torch
 
 from . import tree as trees
+from .checks import is_count as _count
+from .checks import is_number as _number
+from .checks import require
 from .engine import Proposal
-from .runner import as_runner
 from .medusa import MedusaHeads
-from .policies import DraftingPolicy, _count, _number, require
+from .policies import DraftingPolicy
+from .runner import as_runner
 
 
 class TreePolicy(DraftingPolicy):
@@ -155,6 +158,9 @@ class DraftTreeProposer:
     def rollback(self, committed: int) -> None:
         self.runner.rollback(min(self.prefix, committed))
 
+    def runners(self) -> tuple:
+        return (self.runner,)
+
     def propose(self, tokens, gamma, policy: DraftTreePolicy, sampler, generator, index) -> Proposal:
         if gamma == 0:
             return Proposal(tokens[0, :0], None, "budget", 0)
@@ -172,7 +178,8 @@ class DraftTreeProposer:
                 base = score[parent] if parent >= 0 else 0.0
                 if sample:
                     q = sampler.probs(rows[j])
-                    picks = torch.multinomial(q.cpu(), policy.width, replacement=True, generator=generator).tolist()  # CPU generator
+                    picks = torch.multinomial(q.cpu(), policy.width, replacement=True,  # the CPU generator
+                                              generator=generator).tolist()
                 else:
                     q = None
                     picks = logp.topk(policy.width).indices.tolist()

@@ -14,7 +14,8 @@ Leviathan et al. 2023). `hierarchical*` draft with --draft-small (M1) under --dr
 target's greedy output, computed untimed first. `--param METHOD.NAME=VALUE` sets a policy's
 parameter (`methods.policy_parameters`). Forward passes are counted with forward hooks on the
 models, so every method is measured the same way (with --cuda-graphs, each `ModelRunner`'s own count:
-a graph replay runs no hooks); each record also holds the sums of the engine's per-round statistics. Bad arguments exit with status 2 and one line on stderr.
+a graph replay runs no hooks); each record also holds the sums of the engine's per-round statistics.
+Bad arguments exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import json
 import math
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,9 +37,9 @@ from ..core import methods as engine_methods
 from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
 from ..core.runner import ModelRunner
+from ..core.static_cache import supports_static_cache
 from ..models import UnknownModelError, load_model
 from ..prompts import eval_subset, format_prompt, load_prompts
-from ..core.static_cache import supports_static_cache
 from ..utils import device_summary, get_device, timer
 
 HF_METHODS = ("hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
@@ -114,8 +115,10 @@ def _param(text: str) -> tuple[str, str, object]:
     if not (sep and dot and method and name):
         raise argparse.ArgumentTypeError(f"must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got {text!r}")
     if method not in engine_methods.METHODS:
-        raise argparse.ArgumentTypeError(f"unknown method {method!r} in {text!r}; allowed: {', '.join(engine_methods.METHODS)}")
+        raise argparse.ArgumentTypeError(f"unknown method {method!r} in {text!r}; "
+                                         f"allowed: {', '.join(engine_methods.METHODS)}")
     allowed = [p for p in engine_methods.policy_parameters(method) if p not in ("reference", "head", "draft")]
+    allowed += ["gamma"] if method != "ar" else []  # the most draft tokens per round
     if name not in allowed:
         raise argparse.ArgumentTypeError(f"unknown parameter {name!r} for method {method!r}; allowed: "
                                          f"{', '.join(allowed) if allowed else 'none'}")
@@ -146,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="M1 of the hierarchical methods, under --draft (M2): a draft model or 'ngram' "
                              "(default: %(default)s)")
     parser.add_argument("--heads", default="medusa-heads",
-                        help="Medusa heads for method medusa: a name under data/models or a folder (default: %(default)s)")
+                        help="Medusa heads for method medusa: a name under data/models or a folder "
+                             "(default: %(default)s)")
     parser.add_argument("--tree-nodes", type=_type(_at_least(1), "an integer >= 1"), default=None,
                         help="tree size cap for medusa and draft-tree (default: the method's, 32)")
     parser.add_argument("--prune", choices=["none", "confidence", "path", "entropy"], default=None,
@@ -158,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: a small category-balanced eval subset)")
     parser.add_argument("--max-new-tokens", type=_type(_at_least(1), "an integer >= 1"), default=64)
     parser.add_argument("--gamma", type=_type(_at_least(1), "an integer >= 1"), default=4,
-                        help="tokens drafted per round (default: %(default)s)")
+                        help="the draft length of the fixed-length methods (greedy, sampling, the trees' depth, "
+                             "hf-*; default: %(default)s); the other methods run with their own cap unless "
+                             "--param METHOD.gamma=N sets it")
     parser.add_argument("--param", type=_param, action="append", default=[], metavar="METHOD.NAME=VALUE",
                         help="a policy parameter, e.g. entropy-stop.tau=2.5 (repeatable)")
     parser.add_argument("--temperature", type=_type(_temperature, "a number >= 0 (0 means greedy)"),
@@ -201,9 +207,24 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
                          f"{target_vocab} with {len(tokenizer)}; the draft must share the target's tokenizer")
 
 
+FIXED_LENGTH = ("greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their draft length
+
+
+def method_gamma(method: str, gamma: int | None, params: dict) -> tuple[int | None, dict]:
+    """The gamma a method runs with in a benchmark, and its other parameters: `params["gamma"]` if set
+    (`--param METHOD.gamma=N`), else the run's `gamma` for the fixed-length methods, else None (the
+    method's own cap: 10 for the stopping policies, none for adaptive-hf, ...; `methods.default_gamma`)."""
+    params = dict(params)
+    own = params.pop("gamma", None)
+    if own is not None:
+        return own, params
+    return (gamma if method in FIXED_LENGTH or method in HF_METHODS else None), params
+
+
 def check_policy(method: str, gamma: int, params: dict, draft) -> None:
     """Build the method's policy once before running, so that a bad parameter value or a missing
     stop head is one line on stderr, not a traceback after minutes of benchmarking."""
+    gamma, params = method_gamma(method, gamma, params)
     if method == "oracle":
         params = {**params, "reference": []}
     try:
@@ -268,8 +289,11 @@ def run_method(method: str, target, draft, input_ids, max_new_tokens: int, gamma
     (`greedy` and `oracle` at temperature 0), the `hf-*` ones through Hugging Face's `generate`:
     `hf-assisted` (`assistant_model`, constant `num_assistant_tokens` = gamma, no confidence stop: our
     `greedy` / `sampling`), `hf-assisted-heuristic` (HF's defaults: the "heuristic" schedule that grows
-    or shrinks the draft length by 2 / 1 after each round, and `assistant_confidence_threshold` 0.4:
-    our `adaptive-hf` plus `confidence-stop`) and `hf-prompt-lookup` (`prompt_lookup_num_tokens` =
+    or shrinks the draft length by 2 / 1 after each round, and `assistant_confidence_threshold` 0.4,
+    which transformers re-fits after every round (minimum FPR + 3 FNR on the ROC curve) only when
+    scikit-learn is installed: our `adaptive-hf` plus `confidence-stop`, re-fit included. scikit-learn is in
+    requirements.txt now; records made in an environment without it, as the course's was before, ran HF's
+    threshold fixed at 0.4) and `hf-prompt-lookup` (`prompt_lookup_num_tokens` =
     gamma, no draft model: candidates copied from the prompt and output after the longest matching
     n-gram, up to 2 tokens; notebook 05's zero-cost level). `drafted` and `accepted` are -1 where the
     method does not say. `target`, `draft` and `draft_small` may be `ModelRunner`s: the engine's methods
@@ -336,7 +360,10 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     bench's --cuda-graphs: `ModelRunner(model, graphs=True)`): every engine call reuses their caches and
     graphs, and their forwards are counted by the runners; Hugging Face's methods get their models."""
     params = params or {}
-    variants = [m if isinstance(m, Variant) else Variant(m, m, gamma, params.get(m, {})) for m in methods]
+    variants = [m if isinstance(m, Variant) else Variant(m, m, *method_gamma(m, gamma, params.get(m, {})))
+                for m in methods]
+    variants = [v if v.gamma is not None or v.method not in FIXED_LENGTH + HF_METHODS
+                else replace(v, gamma=gamma) for v in variants]
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(device) for row in rows]
     settings = {"temperature": temperature, "top_p": top_p, "seed": seed,
                 "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
@@ -359,7 +386,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
         chosen = {**variant.params, "reference": reference} if variant.method == "oracle" else dict(variant.params)
         variant_draft, variant_small, variant_heads = models_of(variant)
         return run_method(variant.method, target, variant_draft, input_ids, max_new_tokens,
-                          gamma=variant.gamma or gamma, params=chosen, draft_small=variant_small,
+                          gamma=variant.gamma, params=chosen, draft_small=variant_small,
                           heads=variant_heads, **settings)
 
     for variant in variants if warmup else []:
@@ -400,7 +427,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 "wall_s": elapsed.seconds, "new_tokens": new_tokens, "target_calls": target_calls.calls,
                 "draft_calls": draft_calls.calls, "small_calls": small_calls.calls,
                 "drafted": result.drafted, "accepted": result.accepted,
-                "gamma": variant.gamma or gamma,
+                "gamma": variant.gamma if variant.gamma is not None else engine_methods.default_gamma(variant.method),
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
                 "params": variant.params, "dtype": dtype_name, "device": str(device), "device_name": device_name,
                 "cuda_graphs": isinstance(target, ModelRunner) and target.graphed and target.record,
@@ -482,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     small = f" under draft-small {args.draft_small}" if draft_small is not None else ""
-    print(f"target {args.target}, draft {args.draft if draft is not None else '-'}{small} | {args.device} {args.dtype} | "
+    print(f"target {args.target}, draft {args.draft if draft is not None else '-'}{small} | "
+          f"{args.device} {args.dtype} | "
           f"gamma {args.gamma}, temperature {args.temperature}, top-p {args.top_p} | "
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,

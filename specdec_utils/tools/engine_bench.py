@@ -8,6 +8,10 @@ On the held-out prompts (one per category), greedy, `--max-new-tokens` tokens ea
    default attention choice (cuDNN), eager without cuDNN attention (the engine's default), graphed;
 4. a round's anatomy: model-forward time (synchronised around every forward) against the whole
    generation, per mode, and the torch profiler's top host and device ops.
+Every mode is a set of `ModelRunner`s, one per model, made once and reused by every generation of that
+mode: `ModelRunner(model, cache="dynamic")` (transformers' DynamicCache), `ModelRunner(model)` (the
+static cache, eager), `ModelRunner(model, avoid_cudnn=False)` (PyTorch's default attention choice) and
+`ModelRunner(model, graphs=True)` (CUDA graphs).
 Writes data/bench/engine_gpu_h100.json by default. Needs the offline target prepared
 (`python -m specdec_utils --prepare`)."""
 import argparse
@@ -15,17 +19,13 @@ import datetime
 import json
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 import transformers
 
 from .. import generate, get_preset, load_model
-
-from ..core import engine
-
 from ..core import static_cache
-from ..core.cuda_graphs import disable_cuda_graphs, enable_cuda_graphs
+from ..core.runner import ModelRunner
 from ..prompts import eval_subset, format_prompt
 from ..utils import REPO_ROOT
 
@@ -41,56 +41,47 @@ def main(argv=None):
     run(args.out, args.max_new_tokens, args.parts)
 
 
-@contextmanager
-def cudnn_attention(allowed: bool):
-    """allowed=True: PyTorch's default SDPA backend choice (cuDNN first on an H100)."""
-    before = engine.AVOID_CUDNN_ATTENTION
-    engine.AVOID_CUDNN_ATTENTION = not allowed
-    try:
-        yield
-    finally:
-        engine.AVOID_CUDNN_ATTENTION = before
+MODES = {  # a mode's ModelRunner options
+    "dynamic": {"cache": "dynamic"},                       # transformers' DynamicCache, eager
+    "static": {},                                          # the StaticKVCache, eager (the engine's default)
+    "eager, cuDNN attention": {"avoid_cudnn": False},      # PyTorch's default SDPA choice (cuDNN first on an H100)
+    "eager": {},                                           # without cuDNN attention
+    "graphed": {"graphs": True},                           # decode steps replayed from CUDA graphs
+}
 
 
-@contextmanager
-def graphed(*models):
-    runners = [enable_cuda_graphs(m) for m in models if m is not None]
-    try:
-        yield runners
-    finally:
-        for m in models:
-            if m is not None:
-                disable_cuda_graphs(m)
+class ClockedRunner(ModelRunner):
+    """A `ModelRunner` that, while `clocking` is true, synchronises the GPU on each side of every
+    forward and adds its time to `spent` (seconds): the models' share of a round (part 4). A chain's
+    `forward_tree` runs `forward`: timed once."""
+    clocking = False
+    spent = 0.0
+    _depth = 0
 
+    def forward(self, *args, **kwargs):
+        return self._clocked(super().forward, *args, **kwargs)
 
-@contextmanager
-def dynamic_cache():
-    static_cache.ENABLED = False
-    try:
-        yield
-    finally:
-        static_cache.ENABLED = True
+    def forward_tree(self, *args, **kwargs):
+        return self._clocked(super().forward_tree, *args, **kwargs)
 
-
-@contextmanager
-def forward_clock():
-    """Time every engine forward with a synchronisation on each side: the model's share of a round."""
-    spent = [0.0]
-    original = engine.forward_uncached
-
-    def timed(*args, **kwargs):
-        torch.cuda.synchronize()
+    def _clocked(self, call, *args, **kwargs):
+        if not self.clocking or self._depth:
+            return call(*args, **kwargs)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self._depth += 1
+        sync()
         t0 = time.perf_counter()
-        out = original(*args, **kwargs)
-        torch.cuda.synchronize()
-        spent[0] += time.perf_counter() - t0
-        return out
+        try:
+            return call(*args, **kwargs)
+        finally:
+            sync()
+            self.spent += time.perf_counter() - t0
+            self._depth -= 1
 
-    engine.forward_uncached = timed
-    try:
-        yield spent
-    finally:
-        engine.forward_uncached = original
+
+def runners_for(mode: str, *models, runner=ModelRunner):
+    """One runner per model (None stays None) with the mode's options (`MODES`)."""
+    return [None if model is None else runner(model, **MODES[mode]) for model in models]
 
 
 def run(out_path, max_new_tokens, parts):
@@ -128,13 +119,13 @@ def run(out_path, max_new_tokens, parts):
         target, tok, drafts = load(torch.float32)
         prompts = encode(tok, rows)
         ident = {}
-        for label, draft in (("ar", None), ("greedy draft-s", drafts["draft-s"]), ("greedy draft-m", drafts["draft-m"])):
+        for label, draft in (("ar", None), *((f"greedy {name}", drafts[name]) for name in ("draft-s", "draft-m"))):
             method = "ar" if draft is None else "greedy"
-            with dynamic_cache():
-                dyn = [gen(target, draft, p, method).new_token_ids for p in prompts]
-            static = [gen(target, draft, p, method).new_token_ids for p in prompts]
-            with graphed(target, draft):
-                graph = [gen(target, draft, p, method).new_token_ids for p in prompts]
+            tokens = {}
+            for mode in ("dynamic", "static", "graphed"):
+                runners = runners_for(mode, target, draft)  # one per model, reused over the prompts
+                tokens[mode] = [gen(*runners, p, method).new_token_ids for p in prompts]
+            dyn, static, graph = tokens["dynamic"], tokens["static"], tokens["graphed"]
             ident[label] = {"static_eq_dynamic": sum(a == b for a, b in zip(static, dyn)),
                             "graphed_eq_static": sum(a == b for a, b in zip(graph, static)),
                             "eq_ar": None, "prompts": len(prompts), "tokens": dyn}
@@ -157,24 +148,21 @@ def run(out_path, max_new_tokens, parts):
 
         def step_ms(model, n, graph, repeats=30):
             ids = torch.randint(0, 1000, (1, 100), device="cuda")
-            runner = enable_cuda_graphs(model) if graph else None
-            try:
-                logits, cache = engine.forward_uncached(model, ids, None)
-                new = torch.randint(0, 1000, (1, n), device="cuda")
-                times = []
-                for i in range(repeats + 3):
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    engine.forward_uncached(model, torch.cat([ids, new], 1), cache, n)
-                    torch.cuda.synchronize()
-                    times.append((time.perf_counter() - t0) * 1e3)
-                    cache.rollback(100)
-                return statistics.median(times[3:])
-            finally:
-                if runner is not None:
-                    disable_cuda_graphs(model)
+            runner, = runners_for("graphed" if graph else "eager", model)
+            runner.begin(ids.shape[1])
+            runner.forward(ids)  # the prefill (eager)
+            new = torch.randint(0, 1000, (1, n), device="cuda")
+            times = []
+            for _ in range(repeats + 3):  # the first calls record the graph (graphed) or warm up
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runner.forward(torch.cat([ids, new], 1), n)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+                runner.rollback(100)
+            return statistics.median(times[3:])
 
-        with engine.attention_backends(torch.device("cuda")), torch.inference_mode():
+        with torch.inference_mode():
             for name, model in (("target", target), ("draft-s", drafts["draft-s"]), ("draft-m", drafts["draft-m"])):
                 for n in ((1, 5) if name == "target" else (1,)):
                     eager, graph = step_ms(model, n, False), step_ms(model, n, True)
@@ -190,8 +178,8 @@ def run(out_path, max_new_tokens, parts):
         graph_extra = [(f"greedy draft-s gamma {g}", "draft-s", g) for g in (2, 3, 5, 6)]
         loops = {}
 
-        def bench(mode, label, draft_name, gamma):
-            draft = drafts.get(draft_name)
+        def bench(mode, label, draft_name, gamma, runners):
+            target, draft = runners["target"], runners.get(draft_name)
             method = "ar" if draft is None else "greedy"
             for w in warm:
                 gen(target, draft, w, method, gamma)
@@ -209,16 +197,13 @@ def run(out_path, max_new_tokens, parts):
                 "token_ids": [r.new_token_ids for r in out]}
             print(mode, label, f"{tokens / wall:.1f} tok/s tau {loops[f'{mode} | {label}']['tau']:.2f}", flush=True)
 
-        with cudnn_attention(True):  # the trap first: fresh prompts, fresh shapes
-            for label, d, g in configs:
-                bench("eager, cuDNN attention", label, d, g)
-        for label, d, g in configs:
-            bench("eager", label, d, g)
-        with graphed(target, *drafts.values()) as runners:
-            for label, d, g in configs + graph_extra:
-                bench("graphed", label, d, g)
-            res["graph_captures"] = {"target": runners[0].captures,
-                                     "drafts": sum(r.captures for r in runners[1:])}
+        for mode in ("eager, cuDNN attention", "eager", "graphed"):  # the cuDNN trap first: fresh prompts, fresh shapes
+            runners = dict(zip(["target", *drafts], runners_for(mode, target, *drafts.values())))
+            for label, d, g in configs + (graph_extra if mode == "graphed" else []):
+                bench(mode, label, d, g, runners)
+            if mode == "graphed":
+                res["graph_captures"] = {"target": runners["target"].captures,
+                                         "drafts": sum(runners[name].captures for name in drafts)}
         for key in loops:
             mode = loops[key]["mode"]
             ar = loops[f"{mode} | ar"]["tok_per_s"]
@@ -236,44 +221,42 @@ def run(out_path, max_new_tokens, parts):
         anatomy, profiles = {}, {}
         draft = drafts["draft-s"]
         for mode in ("eager, cuDNN attention", "eager", "graphed"):
-            ctx_cudnn = cudnn_attention(mode.startswith("eager, cuDNN"))
-            with ctx_cudnn, (graphed(target, draft) if mode == "graphed" else _null()):
-                for w in warm:
-                    gen(target, draft, w, "greedy")
-                total = fwd = 0.0
-                for p in prompts[:3]:
-                    with forward_clock() as spent:
-                        r = gen(target, draft, p, "greedy")
-                    total, fwd = total + r.wall_s, fwd + spent[0]
-                anatomy[mode] = {"wall_s": total, "forward_s": fwd, "outside_forwards": 1 - fwd / total}
-                fresh = eval_subset(per_category=1, seed=2)[:1] if mode.startswith("eager, cuDNN") else rows[:1]
-                p = encode(tok, fresh)[0]
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    r = gen(target, draft, p, "greedy")
-                events = prof.key_averages()
-                rows_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
-                rows_dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:10]
-                launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-                graph_launches = sum(e.count for e in events if e.key in ("cudaGraphLaunch",))
-                profiles[mode] = {
-                    "rounds": len(r.rounds), "wall_ms": r.wall_s * 1e3, "kernel_launches": launches,
-                    "graph_launches": graph_launches,
-                    "device_ms": sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3,
-                    "top_host_ops": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "count": e.count}
-                                     for e in rows_cpu],
-                    "top_device_ops": [{"op": e.key[:80], "self_device_ms": getattr(e, "self_device_time_total", 0) / 1e3,
-                                        "count": e.count} for e in rows_dev]}
-                print(mode, anatomy[mode], profiles[mode]["kernel_launches"], flush=True)
+            runners = runners_for(mode, target, draft, runner=ClockedRunner)  # warm-up, timing and profile
+            for w in warm:
+                gen(*runners, w, "greedy")
+            total = fwd = 0.0
+            for p in prompts[:3]:
+                for runner in runners:
+                    runner.clocking, runner.spent = True, 0.0
+                r = gen(*runners, p, "greedy")
+                for runner in runners:
+                    runner.clocking = False
+                total, fwd = total + r.wall_s, fwd + sum(runner.spent for runner in runners)
+            anatomy[mode] = {"wall_s": total, "forward_s": fwd, "outside_forwards": 1 - fwd / total}
+            fresh = eval_subset(per_category=1, seed=2)[:1] if mode.startswith("eager, cuDNN") else rows[:1]
+            p = encode(tok, fresh)[0]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                r = gen(*runners, p, "greedy")
+            events = prof.key_averages()
+            rows_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+            rows_dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:10]
+            launches = sum(e.count for e in events
+                           if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+            graph_launches = sum(e.count for e in events if e.key in ("cudaGraphLaunch",))
+            profiles[mode] = {
+                "rounds": len(r.rounds), "wall_ms": r.wall_s * 1e3, "kernel_launches": launches,
+                "graph_launches": graph_launches,
+                "device_ms": sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3,
+                "top_host_ops": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "count": e.count}
+                                 for e in rows_cpu],
+                "top_device_ops": [{"op": e.key[:80], "self_device_ms": getattr(e, "self_device_time_total", 0) / 1e3,
+                                    "count": e.count} for e in rows_dev]}
+            print(mode, anatomy[mode], profiles[mode]["kernel_launches"], flush=True)
         res["anatomy"] = anatomy
         res["profile"] = profiles
         save()
     return res
-
-
-@contextmanager
-def _null():
-    yield
 
 
 if __name__ == "__main__":

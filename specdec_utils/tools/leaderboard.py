@@ -11,12 +11,17 @@ the same run with its 95% bootstrap interval over prompts and the verdict word a
 "slower" or "a tie within the spread", chosen from the interval, never typed), tau (new tokens per target
 pass), waste (rejected draft tokens per output token), how
 many prompts' greedy output equals `ar`'s (bf16 flips near-ties; float32 must match), and the speedup per
-prompt category. Bad input: one line on stderr, status 2.
+prompt category. The numbers come from `report.summarize`, the aggregation the bench CLI's table uses too.
+`hf-assisted-heuristic` is Hugging Face's default assisted generation, whose confidence threshold (0.4 at first)
+transformers re-fits after every round only when scikit-learn is installed: it is in requirements.txt now, and
+boards measured without it ran the threshold fixed at 0.4 (`bench.run_method`). Bad input: one line on stderr,
+status 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,7 +52,8 @@ def load(paths) -> list[list[dict]]:
         except json.JSONDecodeError as err:
             raise LeaderboardError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
         if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
-            raise LeaderboardError(f"{path} must hold a non-empty list of bench records (python -m specdec_utils.bench --out)")
+            raise LeaderboardError(f"{path} must hold a non-empty list of bench records "
+                                   f"(python -m specdec_utils.bench --out)")
         missing = [key for key in REQUIRED if key not in records[0]]
         if missing:
             raise LeaderboardError(f"{path} lacks {', '.join(missing)}: re-run it with the current bench CLI")
@@ -98,7 +104,8 @@ def markdown(runs: list[list[dict]]) -> str:
         prompts = len({r["id"] for r in records})
         counts = sorted({len({r["id"] for r in records if r["category"] == c}) for c in categories})
         per_category = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-        parts.append(f"### {setting(records)}\n\n{prompts} held-out prompts, up to {max(r['new_tokens'] for r in records)} new tokens each; "
+        longest = max(r["new_tokens"] for r in records)
+        parts.append(f"### {setting(records)}\n\n{prompts} held-out prompts, up to {longest} new tokens each; "
                      f"speedups against `ar` in the same run, with a 95% bootstrap interval over the prompts; "
                      f"a per-category column rests on {per_category} prompt(s)\n")
         head = ["method", "tokens/s", "speedup (95% interval)", "vs ar", "tau", "waste", "= ar's tokens", *categories]
@@ -142,16 +149,30 @@ def plot(runs: list[list[dict]], path: Path | None = None):
 
 
 # --------------------------------------------------------------------------- command line
+def slug(text: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3': lower case, runs of other characters as one '_'."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unknown"
+
+
 def result_name(device, dtype: str, graphed: bool, sampled: bool) -> str:
+    """The results file of a `--run`: `leaderboard_<machine>_<dtype>[_graphed][_sampled].json`, the machine named by
+    the whole GPU name (`gpu_nvidia_h100_80gb_hbm3`) or the CPU's vector capability (`cpu_avx512`). The committed
+    H100 boards predate the whole-name rule and are named `gpu_h100`."""
     import torch
-    kind = "gpu_" + torch.cuda.get_device_name().split()[1].lower() if device.type == "cuda" else \
-        "cpu_" + torch.backends.cpu.get_cpu_capability().lower()
-    return f"leaderboard_{kind}_{dtype}{'_graphed' if graphed else ''}{'_sampled' if sampled else ''}.json"
+    if device.type == "cuda":
+        machine = "gpu_" + slug(torch.cuda.get_device_name(device))
+    elif device.type == "cpu":
+        machine = "cpu_" + slug(torch.backends.cpu.get_cpu_capability())
+    else:
+        machine = slug(device.type)
+    return f"leaderboard_{machine}_{dtype}{'_graphed' if graphed else ''}{'_sampled' if sampled else ''}.json"
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.leaderboard", description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, help="result files (default: the committed data/bench/leaderboard_*.json)")
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.leaderboard",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", type=Path,
+                        help="result files (default: the committed data/bench/leaderboard_*.json)")
     parser.add_argument("--run", action="store_true", help="measure on this machine first, with the bench CLI")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--cuda-graphs", action="store_true")
@@ -165,12 +186,13 @@ def main(argv=None) -> int:
     try:
         files = list(args.files)
         if args.run:
-            from . import bench
             from ..utils import get_device
+            from . import bench
             device = get_device()
             sampled = args.temperature > 0
             out = BENCH_DIR / result_name(device, args.dtype, args.cuda_graphs, sampled)
             import tempfile
+
             from ..prompts import eval_subset
             with tempfile.TemporaryDirectory() as folder:
                 prompts = Path(folder) / "prompts.jsonl"

@@ -15,7 +15,6 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 
 from .. import report
 from ..utils import REPO_ROOT
@@ -66,7 +65,8 @@ def bench_table() -> str:
         cells = [label, f"{_tok_s(records, 'ar'):.1f}", f"{_tok_s(records, 'greedy'):.1f}",
                  f"{_tok_s(records, 'hf-assisted'):.1f}" if hf else "-", f"{ours:.2fx}",
                  f"{report.speedup(records, 'greedy', 'hf-assisted'):.2fx}" if hf else "-",
-                 f"{report.tau(records, 'greedy').value:.2f} / " + (f"{report.tau(records, 'hf-assisted').value:.2f}" if hf else "-"),
+                 f"{report.tau(records, 'greedy').value:.2f} / "
+                 + (f"{report.tau(records, 'hf-assisted').value:.2f}" if hf else "-"),
                  _versions(records)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -79,7 +79,8 @@ def _versions(records) -> str:
     return text + (f"; {first['date']}" if first.get("date") else "")
 
 
-POLICY_FILES = [("policies_cpu_avx2_float32.json", "AVX2, float32"), ("policies_cpu_avx2_bfloat16.json", "AVX2, bfloat16"),
+POLICY_FILES = [("policies_cpu_avx2_float32.json", "AVX2, float32"),
+                ("policies_cpu_avx2_bfloat16.json", "AVX2, bfloat16"),
                 ("policies_cpu_avx512bf16_float32.json", "AVX-512 BF16, float32"),
                 ("policies_cpu_avx512bf16_bfloat16.json", "AVX-512 BF16, bfloat16")]
 
@@ -88,7 +89,7 @@ def _speedup_grid(files, *, temperature=0.0, label_of=lambda m: f"`{m}`") -> str
     """Methods as rows, runs as columns: speedup [interval] (waste); the fastest tier of each run in bold."""
     runs = [(_at(_load(name), temperature), label) for name, label in files]
     methods = list(dict.fromkeys(r["method"] for records, _ in runs for r in records))
-    estimates = [{m: report.speedup(records, m) for m in methods if m != "ar" and any(r["method"] == m for r in records)}
+    estimates = [{m: report.speedup(records, m) for m in methods if m != "ar" and report.select(records, m)}
                  for records, _ in runs]
     best = [set(report.rank(e)[0]) if e else set() for e in estimates]
     lines = ["| method | " + " | ".join(label for _, label in runs) + " |", "|---|" + "---|" * len(runs)]
@@ -179,20 +180,25 @@ def engine_gpu_table() -> str:
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     step = data["step"]
     lines += ["", "| one step (after a 100-token prefix) | eager | CUDA graph | ratio |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['eager_ms']:.2f} ms | {v['graphed_ms']:.2f} ms | {v['speedup']:.1f}x |" for k, v in step.items()]
+    lines += [f"| {k} | {v['eager_ms']:.2f} ms | {v['graphed_ms']:.2f} ms | {v['speedup']:.1f}x |"
+              for k, v in step.items()]
     ident = data["float32_identity"]
     lines += ["", "float32 identity (prompts whose tokens agree): " + "; ".join(
-        f"{k}: static = dynamic {v['static_eq_dynamic']}/{v['prompts']}, graphed = static {v['graphed_eq_static']}/{v['prompts']}, "
+        f"{k}: static = dynamic {v['static_eq_dynamic']}/{v['prompts']}, "
+        f"graphed = static {v['graphed_eq_static']}/{v['prompts']}, "
         f"= `ar` {v['eq_ar']}/{v['prompts']}" for k, v in ident.items()) + "."]
-    return f"{data['device']}, {data['dtype']}, {len(data['prompts'])} held-out prompts x {data['max_new_tokens']} tokens, " \
-           f"torch {data['versions']['torch']}, transformers {data['versions']['transformers']}, {data['date']}:\n\n" + "\n".join(lines)
+    versions = data["versions"]
+    return (f"{data['device']}, {data['dtype']}, {len(data['prompts'])} held-out prompts x {data['max_new_tokens']} "
+            f"tokens, torch {versions['torch']}, transformers {versions['transformers']}, {data['date']}:\n\n"
+            + "\n".join(lines))
 
 
 def tree_attention_table() -> str:
     data = _load("tree_attention_gpu_h100_bfloat16.json")
     grid = data["grid"]
     kernels = [("sdpa_bool_mask", "SDPA + bool mask"), ("sdpa_no_mask", "SDPA, no mask (floor)"),
-               ("flex_block_mask", "FlexAttention"), ("triton_masked", "Triton masked"), ("triton_parents", "Triton mask-free")]
+               ("flex_block_mask", "FlexAttention"), ("triton_masked", "Triton masked"),
+               ("triton_parents", "Triton mask-free")]
     prefixes = sorted({int(k.split("_")[0][1:]) for k in grid})
     lines = []
     for p in prefixes[-1:]:
@@ -209,16 +215,19 @@ def tree_attention_table() -> str:
 
 
 def drafts_table() -> str:
-    lines = ["| draft | shape | parameters | per-token greedy agreement | tau at gamma 4 (greedy) | a = 1 - TV(p, q) at T = 1 | trained on |",
+    lines = ["| draft | shape | parameters | per-token greedy agreement | tau at gamma 4 (greedy) "
+             "| a = 1 - TV(p, q) at T = 1 | trained on |",
              "|---|---|---|---|---|---|---|"]
     for name in ("draft-s", "draft-m"):
         log = json.loads((MODELS / name / "training_log.json").read_text())
         shape, ev = log["shape"], log["eval"]
         lines.append(f"| `{name}` | {shape['num_hidden_layers']} layers, width {shape['hidden_size']} | "
-                     f"{log['parameters'] / 1e6:.1f} M | {ev['agreement']:.3f} | {ev['tau']:.2f} | {ev['alpha_tv']:.3f} | "
-                     f"{log['device']}, {log['corpus_sequences']:,} sequences ({log['corpus_tokens'] / 1e6:.1f} M tokens) |")
+                     f"{log['parameters'] / 1e6:.1f} M | {ev['agreement']:.3f} | {ev['tau']:.2f} | "
+                     f"{ev['alpha_tv']:.3f} | {log['device']}, {log['corpus_sequences']:,} sequences "
+                     f"({log['corpus_tokens'] / 1e6:.1f} M tokens) |")
     ev = json.loads((MODELS / "draft-m" / "training_log.json").read_text())["eval"]
-    return (f"Held-out: {ev['prompts']} evaluation prompts, teacher-forced on the target's greedy {ev['new_tokens']}-token "
+    return (f"Held-out: {ev['prompts']} evaluation prompts, teacher-forced on the target's greedy "
+            f"{ev['new_tokens']}-token "
             f"continuations ({ev['positions']:,} positions), draft in bf16.\n\n" + "\n".join(lines))
 
 
@@ -228,8 +237,9 @@ def heads_table() -> str:
     lines = ["| head (guesses the token k + 1 ahead) | top-1 | top-5 | top-10 | positions |", "|---|---|---|---|---|"]
     for k, (a, b, c, n) in enumerate(zip(ev["top1"], ev["top5"], ev["top10"], ev["positions"]), 1):
         lines.append(f"| head {k} | {a:.3f} | {b:.3f} | {c:.3f} | {n:,} |")
-    return (f"Held-out accuracies ({log.get('eval_prompts', 'the')} evaluation prompts, teacher-forced), heads trained on "
-            f"{log['device']} from {log['corpus_sequences']:,} target-written sequences ({log['corpus_tokens'] / 1e6:.2f} M tokens):\n\n"
+    return (f"Held-out accuracies ({log.get('eval_prompts', 'the')} evaluation prompts, teacher-forced), heads "
+            f"trained on {log['device']} from {log['corpus_sequences']:,} target-written sequences "
+            f"({log['corpus_tokens'] / 1e6:.2f} M tokens):\n\n"
             + "\n".join(lines))
 
 
@@ -241,7 +251,8 @@ def ngram_table() -> str:
     lines += [f"| {labels.get(k, k)} | {v['coverage']:.1%} | {v['hit_rate']:.1%} | {v['agreement']:.1%} |"
               for k, v in ev.items() if isinstance(v, dict) and "coverage" in v]
     first = next(v for v in ev.values() if isinstance(v, dict))
-    return f"Held-out: {first['prompts']} evaluation prompts, {first['positions']:,} positions of the target's greedy continuations.\n\n" \
+    return f"Held-out: {first['prompts']} evaluation prompts, {first['positions']:,} positions of the target's " \
+           "greedy continuations.\n\n" \
            + "\n".join(lines)
 
 
@@ -249,12 +260,14 @@ def leaderboard_table() -> str:
     """One row per committed board: greedy draft-m's speedup, the fastest tier, and outputs equal to ar's."""
     from . import leaderboard
     files = leaderboard.committed_files(BENCH)
-    lines = ["| board | `greedy` (tau) | fastest, and every method tied with it | greedy outputs = `ar`'s |", "|---|---|---|---|"]
-    for path, records in zip(files, leaderboard.load(files)):
+    lines = ["| board | `greedy` (tau) | fastest, and every method tied with it | greedy outputs = `ar`'s |",
+             "|---|---|---|---|"]
+    for records in leaderboard.load(files):
         first = records[0]
         sampled = any(float(r.get("temperature", 0.0)) > 0 for r in records if r["method"] != "ar")
         parts = first["device_name"].split(" | ")
-        device = parts[0] + (f" ({parts[-1]})" if len(parts) > 1 and not parts[-1].startswith(("torch", "transformers")) else "")
+        capability = len(parts) > 1 and not parts[-1].startswith(("torch", "transformers"))
+        device = parts[0] + (f" ({parts[-1]})" if capability else "")
         label = (f"{device}, {first['dtype']}, "
                  f"{'CUDA graphs' if first.get('cuda_graphs') else 'eager'}, {'sampled' if sampled else 'greedy'}")
         methods = [m for m in dict.fromkeys(r["method"] for r in records) if m != "ar"]
@@ -263,14 +276,17 @@ def leaderboard_table() -> str:
         fastest = ", ".join(f"`{m}` {est[m].value:.2f}x" for m in top)
         chain = "greedy" if "greedy" in est else "sampling"
         ar = {r["id"]: r["new_token_ids"] for r in records if r["method"] == "ar"}
-        greedy_methods = [m for m in methods if all(float(r.get("temperature", 0.0)) == 0 for r in records if r["method"] == m)]
+        greedy_methods = [m for m in methods
+                          if all(float(r.get("temperature", 0.0)) == 0 for r in report.select(records, m))]
         if sampled or not greedy_methods:
             same = "- (sampled)"
         else:
-            counts = [sum(r["new_token_ids"] == ar[r["id"]] for r in records if r["method"] == m) for m in greedy_methods]
+            counts = [sum(r["new_token_ids"] == ar[r["id"]] for r in report.select(records, m)) for m in greedy_methods]
             n = len(ar)
-            same = f"{min(counts)}-{max(counts)} of {n}" if min(counts) != max(counts) else f"{counts[0]} of {n}, every method"
-        lines.append(f"| {label} | `{chain}` {est[chain]:.2fx} ({report.tau(records, chain).value:.2f}) | {fastest} | {same} |")
+            same = f"{min(counts)}-{max(counts)} of {n}" if min(counts) != max(counts) \
+                else f"{counts[0]} of {n}, every method"
+        tau = report.tau(records, chain).value
+        lines.append(f"| {label} | `{chain}` {est[chain]:.2fx} ({tau:.2f}) | {fastest} | {same} |")
     return "\n".join(lines)
 
 
@@ -280,16 +296,18 @@ def runtimes_table() -> str:
     rows = ["| notebook | full run, minutes | executed on |", "|---|---|---|"]
     for path in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
-        times = [c["metadata"]["execution"] for c in cells if c["cell_type"] == "code" and "execution" in c.get("metadata", {})]
-        stamp = next(("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])
+        code = [c for c in cells if c["cell_type"] == "code"]
+        times = [c["metadata"]["execution"] for c in code if "execution" in c.get("metadata", {})]
+        stamp = next(("".join(o.get("text", "")) for c in code for o in c.get("outputs", [])
                       if "run stamp" in "".join(o.get("text", ""))), "")
         kind = re.search(r"CPU kind: ([^(\n]+?) \(", stamp)
         date = re.search(r"run stamp\s+(\d{4}-\d\d-\d\d)", stamp)
         if not times:
             rows.append(f"| `{path.stem}` | not executed | - |")
             continue
-        at = lambda t: datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
-        minutes = (at(times[-1]["shell.execute_reply"]) - at(times[0]["iopub.execute_input"])).total_seconds() / 60
+        start, end = (datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+                      for t in (times[0]["iopub.execute_input"], times[-1]["shell.execute_reply"]))
+        minutes = (end - start).total_seconds() / 60
         rows.append(f"| `{path.stem}` | {minutes:.1f} | {date.group(1) if date else '?'}, 2-core CPU, "
                     f"{kind.group(1) if kind else 'CPU kind not stamped'} |")
     return "\n".join(rows)
@@ -299,7 +317,6 @@ BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "b
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
           "engine-gpu": engine_gpu_table, "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
-NOTE = "Speedups: against `ar` in the same run, with a 95% bootstrap interval over prompts; bold: the fastest, and every method tied with it (intervals overlap)."
 
 
 def render(name: str) -> str:
@@ -320,7 +337,8 @@ def rewrite(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.readme_tables", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.readme_tables",
+                                     description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite README.md's result blocks")
     mode.add_argument("--check", action="store_true", help="exit 1 when README.md's blocks differ from the JSON")

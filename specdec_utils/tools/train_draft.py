@@ -29,11 +29,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from transformers import LlamaConfig
+from transformers import LlamaConfig, get_cosine_with_min_lr_schedule_with_warmup_lr_rate
 
-from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
 from ..core.ngram import NgramDraft
+from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
 from ..prompts import build_prompts, format_prompt
 from ..utils import progress, seed_everything
 
@@ -160,7 +159,9 @@ def make_draft(name: str, target, vocab_ids: torch.Tensor) -> ReducedVocabLlamaF
     return draft
 
 
-def _batch(corpus, idx, max_len, device):
+def batch(corpus: list[dict], idx, max_len: int | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) [len(idx), longest] of the corpus rows `idx`, right-padded with 0 and cut to
+    `max_len` tokens (None: whole rows)."""
     seqs = [corpus[i]["ids"][:max_len] for i in idx]
     length = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), length, dtype=torch.long)
@@ -202,7 +203,8 @@ def heldout_batch(target, tokenizer, rows: list[dict], continuations: list[list[
         ids[i, :len(s)] = torch.tensor(s)
         scored[i, n - 1:len(s) - 1] = True  # positions whose next token is a continuation token
     ids, scored = ids.to(target.device), scored.to(target.device)
-    mask = (torch.arange(length, device=ids.device)[None] < torch.tensor(list(map(len, seqs)), device=ids.device)[:, None]).long()
+    lengths = torch.tensor(list(map(len, seqs)), device=ids.device)
+    mask = (torch.arange(length, device=ids.device)[None] < lengths[:, None]).long()
     top1 = target(input_ids=ids, attention_mask=mask).logits.argmax(-1)
     return ids, mask, scored, top1
 
@@ -217,24 +219,35 @@ def heldout_agreement(draft, batch) -> float:
     return (guess == top1)[scored].float().mean().item()
 
 
+def lr_schedule(peak: float, warmup: int, total: int, floor: float):
+    """The learning rate at a step, as a function (of a fractional step too, for a time budget): transformers'
+    linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor`, reached at the last of `total`
+    steps (`get_cosine_with_min_lr_schedule_with_warmup_lr_rate`, whose first step already trains at
+    peak / warmup), and `floor` after it (the library's cosine would rise again). Both trainers use it."""
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)  # the library schedules an optimizer
+    factor = get_cosine_with_min_lr_schedule_with_warmup_lr_rate(probe, warmup, total, min_lr=floor).lr_lambdas[0]
+    return lambda step: peak * factor(min(step, total - 1))
+
+
 def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
           seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25,
           heldout=None, heldout_every: int = 250) -> list[dict]:
-    """AdamW with linear warm-up and cosine decay to 10% over `steps` or `time_budget_s`,
-    whichever ends first; bf16 autocast on CUDA. Returns the log; with `heldout` (from
-    `heldout_batch`), entries every `heldout_every` steps also carry held-out agreement."""
+    """AdamW with linear warm-up over the first 2% of `steps` and cosine decay to 10% of `lr` (`lr_schedule`)
+    over `steps` or `time_budget_s`, whichever ends first (with a budget, the schedule's step is the larger of
+    the step and the elapsed fraction of the budget times `steps`); bf16 autocast on CUDA. Returns the log;
+    with `heldout` (from `heldout_batch`), entries every `heldout_every` steps also carry held-out agreement."""
     device = target.device
     draft.to(device).train()
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warmup = max(1, steps // 50)
+    rate = lr_schedule(lr, max(1, steps // 50), steps, 0.1 * lr)
     rng = random.Random(seed)
     log, start = [], time.time()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     for step in progress(range(steps), desc="distilling"):
         done = max(step / steps, (time.time() - start) / time_budget_s)
         for group in opt.param_groups:
-            group["lr"] = lr * min(1, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(done, 1))))
-        ids, mask = _batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len, device)
+            group["lr"] = rate(min(done, 1) * steps)
+        ids, mask = batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len, device)
         with autocast:
             kl, agree = distill_loss(draft, target, ids, mask)
         opt.zero_grad(set_to_none=True)

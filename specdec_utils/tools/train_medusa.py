@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -24,20 +23,22 @@ import torch
 from ..core.medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
 from ..models import MODELS_DIR
 from ..prompts import build_prompts, format_prompt
-from .train_draft import _batch, frozen_target, greedy_continuations, load_or_write_corpus
 from ..utils import progress, seed_everything
+from .train_draft import batch, frozen_target, greedy_continuations, load_or_write_corpus, lr_schedule
 
 
 def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
           cosine_steps: int | None = None) -> float:
-    """Linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over the remaining
-    `cosine_steps` (default: the rest of training), then `eta_min`. Notebook 06's schedule bug is
-    `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    span = max(1, (steps - warmup) if cosine_steps is None else cosine_steps)
-    done = min(1.0, (step - warmup) / span)
-    return eta_min + (peak - eta_min) * 0.5 * (1 + math.cos(math.pi * done))
+    """The heads' learning rate at `step` (`train_draft.lr_schedule`: transformers' warm-up and cosine
+    schedule with a floor): linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over
+    the remaining `cosine_steps` (default: the rest of training), then `eta_min`. Notebook 06's schedule
+    bug is `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
+    return _schedule(steps, peak, warmup, eta_min, cosine_steps)(step)
+
+
+def _schedule(steps: int, peak: float, warmup: int, eta_min: float, cosine_steps: int | None):
+    cosine_steps = max(1, steps - warmup) if cosine_steps is None else max(1, cosine_steps)
+    return lr_schedule(peak, warmup, warmup + cosine_steps, eta_min)
 
 
 def train_heads(heads: MedusaHeads, batches, steps: int, peak_lr: float = 3e-4, warmup: int = 500,
@@ -54,10 +55,11 @@ def train_heads(heads: MedusaHeads, batches, steps: int, peak_lr: float = 3e-4, 
     master = heads.blocks[0].weight.dtype
     if device.type == "cuda" and master != torch.float32:
         heads.blocks.float()  # fp32 master weights under bf16 autocast
+    rate = _schedule(steps, peak_lr, warmup, eta_min, cosine_steps)
     log, start = [], time.time()
     heads.train()
     for step in progress(range(steps), desc="training heads"):
-        lr = lr_at(step, steps, peak_lr, warmup, eta_min, cosine_steps)
+        lr = rate(step)
         for group in opt.param_groups:
             group["lr"] = lr
         hidden, target_logits, mask = batches()
@@ -92,8 +94,8 @@ def target_batches(target, corpus: list[dict], batch_size: int, max_len: int, se
 
     @torch.no_grad()
     def batches():
-        ids, mask = _batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len,
-                           target.device)
+        ids, mask = batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len,
+                          target.device)
         with capture_hidden(target) as hidden:
             logits = target(input_ids=ids, attention_mask=mask).logits
         return hidden[0], logits, mask
