@@ -156,8 +156,8 @@ def min_detectable_tv(probs, trials: int, alpha: float = 1e-3, power: float = 0.
     candidate bias, bisection on the bias (to 0.001).
 
     The bias moves mass delta from the outcomes outside A, proportionally, to those in A, proportionally:
-    q = p + delta * (p 1_A / P(A) - p 1_B / P(B)), so TV(p, q) = delta. A holds the most likely outcomes
-    up to a `share` of the mass. The Pearson statistic's noncentrality is then
+    q = p + delta * (p 1_A / P(A) - p 1_B / P(B)), so TV(p, q) = delta. A holds the most likely outcomes,
+    as many as bring P(A) closest to `share`. The Pearson statistic's noncentrality is then
     trials * delta^2 * (1/P(A) + 1/P(B)), and by Cauchy-Schwarz no bias of the same TV that moves mass
     into a set of probability P(A) has less, so with `share` = 0.5 (the default, the minimum over P(A))
     this is about the worst direction: the result bounds every bias (up to pooling and the chi-square
@@ -167,10 +167,11 @@ def min_detectable_tv(probs, trials: int, alpha: float = 1e-3, power: float = 0.
         probs = [1.0 / probs] * probs
     p = torch.tensor(list(_as_mapping(probs).values()), dtype=torch.float64)
     p = (p[p > 0] / p.sum()).sort(descending=True).values
-    in_a = (p.cumsum(0) - p) < share  # the likeliest outcomes, up to `share` of the mass
-    mass_a, mass_b = p[in_a].sum(), p[~in_a].sum()
-    if mass_b <= 0:
+    if len(p) < 2:
         return math.inf
+    size_a = int((p.cumsum(0)[:-1] - share).abs().argmin()) + 1  # the likeliest outcomes, P(A) closest to share
+    in_a = torch.arange(len(p)) < size_a
+    mass_a, mass_b = p[in_a].sum(), p[~in_a].sum()
     cells = torch.tensor(_cells(p.tolist(), trials, min_expected))
     n_cells = int(cells.max()) + 1
     expected = torch.zeros(n_cells, dtype=torch.float64).index_add_(0, cells, p * trials)

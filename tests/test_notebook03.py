@@ -97,9 +97,10 @@ def test_notebook_decode_loop_on_the_real_target(notebook):
     target, tokenizer = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
     draft, _ = load_model("draft-m", device="cpu", dtype=torch.float32)
     input_ids = tokenizer("In short, the Nile is", return_tensors="pt").input_ids
-    for policy, method in [(DraftingPolicy(4), "greedy"), (policies.HeuristicGamma(4), "adaptive-hf")]:
-        package = generate(target, input_ids, 24, method=method, draft=draft, gamma=4,
-                           eos_token_id=tokenizer.eos_token_id)
+    for policy, method, settings in [(DraftingPolicy(4), "greedy", {"gamma": 4}),
+                                     (policies.HeuristicGamma(4), "adaptive-hf", {"params": {"start": 4}})]:
+        package = generate(target, input_ids, 24, method=method, draft=draft, eos_token_id=tokenizer.eos_token_id,
+                           **settings)
         tokens, rounds = notebook["decode_loop"](target, engine.DraftModelProposer(draft), policy, input_ids, 24,
                                                  engine.Sampler(0.0), {tokenizer.eos_token_id})
         assert tokens == package.new_token_ids

@@ -152,7 +152,7 @@ def exact_first_two_marginals(target, input_ids, **warp):
 def test_speculative_sampling_follows_the_target_distribution(top_p):
     """Leviathan et al. 2023, Theorem 3.5: the first and second generated tokens are distributed
     as under the target's own sampling, although the draft's distribution is far from it.
-    1,500 generations detect TV >= 0.073-0.081 on either token (90% power, alpha 1e-3, worst direction;
+    1,500 generations detect TV >= 0.076-0.082 on either token (90% power, alpha 1e-3, worst direction;
     `exactness.min_detectable_tv`)."""
     target = random_model("tiny-llama", seed=0, vocab=STAT_VOCAB)
     draft = random_model("tiny-llama", seed=1, vocab=STAT_VOCAB)
@@ -171,7 +171,7 @@ def test_speculative_sampling_follows_the_target_distribution(top_p):
 
 
 @pytest.mark.stat
-def test_autoregressive_sampling_follows_the_target_distribution():  # detects TV >= 0.079-0.081, as above
+def test_autoregressive_sampling_follows_the_target_distribution():  # detects TV >= 0.081, as above
     target = random_model("tiny-llama", seed=0, vocab=STAT_VOCAB)
     input_ids = random_prompt(5, seed=0, vocab=STAT_VOCAB)
     first, second = exact_first_two_marginals(target, input_ids, temperature=1.0)

@@ -13,12 +13,13 @@ from specdec_utils.theory import acceptance_by_position, expected_tokens_per_rou
 
 # Exercise 1 ------------------------------------------------------------------------------------
 class MultiplicativeGamma(DraftingPolicy):
-    """Double gamma after a fully accepted round, halve it (never below 1) after a rejection."""
+    """Double the round length after a fully accepted round, halve it (never below 1) after a rejection;
+    it starts at `start` and never exceeds `gamma`, the most tokens a round may draft."""
     name = "multiplicative"
 
-    def __init__(self, gamma: int = 4, max_gamma: int = 16):
-        super().__init__(gamma)
-        self.max_gamma = max_gamma
+    def __init__(self, start: int = 4, gamma: int = 16):
+        super().__init__(min(start, gamma))
+        self.max_gamma = gamma
 
     def observe(self, stats) -> None:
         if not stats.drafted:

@@ -102,8 +102,8 @@ class CostAwareStop(LearnedStop):
     name = "cost-aware-stop"
     reason = "cost"
 
-    def __init__(self, head, t_draft: float, t_verify: dict, token_ms: float, max_gamma: int = 10):
-        super().__init__(head=head, gamma=min(max_gamma, max(t_verify) - 1))
+    def __init__(self, head, t_draft: float, t_verify: dict, token_ms: float, gamma: int = 10):
+        super().__init__(head=head, gamma=min(gamma, max(t_verify) - 1))
         self.t_draft, self.t_verify, self.token_ms = t_draft, t_verify, token_ms
 
     def stops(self, survival: float, step) -> bool:
