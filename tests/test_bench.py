@@ -69,7 +69,7 @@ TINY = ["--target", "tiny-llama", "--draft", "tiny-gpt2"]  # for errors found af
     (["--param", "tau=2"], r"--param: .*METHOD.NAME=VALUE"),
     (["--param", "entropy.tau=2"], r"--param: .*'entropy'.*allowed: .*entropy-stop"),
     (["--param", "entropy-stop.tua=2"], r"--param: .*'tua'.*allowed: .*tau"),
-    (["--param", "greedy.tau=2"], r"--param: .*'tau'.*'greedy'.*allowed: none"),
+    (["--param", "greedy.tau=2"], r"--param: .*'tau'.*'greedy'.*allowed: gamma"),
     ([*TINY, "--param", "adaedl.lam0=0.5"], r"--param: .*'adaedl'.*--methods"),
     ([*TINY, "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"], r"--param: tau.*>= 0"),
     ([*TINY, "--methods", "confidence-stop", "--param", "confidence-stop.threshold=high"],

@@ -191,6 +191,32 @@ class Proposal:
     parents: torch.Tensor | None = None
 
 
+class Policy(Protocol):
+    """What the loop asks of a drafting policy (`policies.DraftingPolicy` is the base class to extend):
+    `round_gamma()` before a round (the most tokens it may draft, at most its `gamma`); `stop_before(step)`
+    before a drafted token is drawn (it must not read a sampled token) and `stop_after(step)` after; and
+    `observe(stats)` with the round's `RoundStats`. `name` labels results, `reason` is the stop reason its
+    hooks record, `needs_hidden` asks the proposer for the draft's hidden state in each `DraftStep`."""
+    name: str
+    reason: str
+    needs_hidden: bool
+
+    def round_gamma(self) -> int: ...
+
+    def stop_before(self, step: DraftStep) -> bool: ...
+
+    def stop_after(self, step: DraftStep) -> bool: ...
+
+    def observe(self, stats: RoundStats) -> None: ...
+
+
+class VerifierPart(Protocol):
+    """What the loop asks of a verifier (`verify.Verifier` and `verify.TypicalVerifier`): the accepted path
+    and the new tokens of a proposal, from the target's logits [k + 1, V] (row 0 = the root's)."""
+
+    def __call__(self, proposal: Proposal, target_logits: torch.Tensor, sampler: Sampler, generator): ...
+
+
 class Proposer(Protocol):
     """What the loop asks of a proposer. `propose` returns the round's candidates (at most `gamma`
     tokens along any path; `index` = tokens generated so far); `rollback(committed)` is called after

@@ -207,7 +207,8 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
                          f"{target_vocab} with {len(tokenizer)}; the draft must share the target's tokenizer")
 
 
-FIXED_LENGTH = ("greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their draft length
+FIXED_LENGTH = ("ar", "greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their
+# draft length (`ar` ignores it; its records carry the run's)
 
 
 def method_gamma(method: str, gamma: int | None, params: dict) -> tuple[int | None, dict]:
