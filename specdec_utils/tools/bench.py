@@ -25,7 +25,6 @@ import datetime
 import json
 import math
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from .. import report
+from ..compat import full_vocab_config
 from ..core import methods as engine_methods
 from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
@@ -266,21 +266,6 @@ class ForwardCounter:
 def plain_model(model_or_runner):
     """The model of a `ModelRunner`; anything else as it is."""
     return model_or_runner.model if isinstance(model_or_runner, ModelRunner) else model_or_runner
-
-
-@contextmanager
-def full_vocab_config(draft):
-    """Hugging Face's assisted generation takes a `config.vocab_size` different from the target's
-    for a different tokenizer. Our reduced-vocabulary drafts report their small head there but
-    read and write full-vocabulary ids, so show the full size for the duration of the call."""
-    full_vocab_size = getattr(draft.config, "full_vocab_size", None)
-    reduced_vocab_size = draft.config.vocab_size
-    if full_vocab_size:
-        draft.config.vocab_size = full_vocab_size
-    try:
-        yield draft
-    finally:
-        draft.config.vocab_size = reduced_vocab_size
 
 
 def run_method(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
