@@ -120,7 +120,7 @@ def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> torch.Tens
 @pytest.fixture(scope="module")
 def tiny():
     """A tiny Llama target, another as its draft, and 3 Medusa heads with random (not zero) blocks:
-    the token-tree tests' models (notebooks 06 and 07)."""
+    the token-tree tests' models (notebooks 06 and 08)."""
     from specdec_utils.core.medusa import MedusaHeads
     target = tiny_model("tiny-llama", vocab_size=64, seed=1).eval()
     draft = tiny_model("tiny-llama", vocab_size=64, seed=2).eval()

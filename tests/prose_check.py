@@ -48,6 +48,7 @@ CONSTANTS = {
     # notebook 07
     # notebook 08
     # notebook 09
+    # notebook 10
 }
 
 NUMBER = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d+)(\s?%|\s?×|x\b|\s?\\times)?")

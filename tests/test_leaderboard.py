@@ -1,4 +1,4 @@
-"""The leaderboard renderer (notebook 09) on the committed results and on hand-made records: no GPU, no model."""
+"""The leaderboard renderer (notebook 10) on the committed results and on hand-made records: no GPU, no model."""
 import copy
 import json
 import subprocess

@@ -202,56 +202,56 @@ def test_ch06_head_gap(ch06):
     assert ch06.head_gap(log) == pytest.approx(0.2)
 
 
-def test_ch07_ancestors_by_lifting_and_bytes():
+def test_ch08_ancestors_by_lifting_and_bytes():
     import random
 
     from specdec_utils.core.tree import tree_mask
-    ch07 = load("ch07")
+    ch08 = load("ch08")
     rng = random.Random(0)
     chain = torch.arange(256) - 1
-    mask, steps = ch07.ancestor_mask_by_lifting(chain)
+    mask, steps = ch08.ancestor_mask_by_lifting(chain)
     assert torch.equal(mask, tree_mask(chain)) and steps <= 10
     for T in (1, 2, 9, 70, 256):
         parents = torch.tensor([-1] + [rng.randrange(max(-1, i - 8), i) for i in range(1, T)])
-        mask, steps = ch07.ancestor_mask_by_lifting(parents)
+        mask, steps = ch08.ancestor_mask_by_lifting(parents)
         assert torch.equal(mask, tree_mask(parents)), T
     star = torch.full((5,), -1)
-    assert torch.equal(ch07.ancestor_mask_by_lifting(star)[0], torch.eye(5, dtype=torch.bool))
+    assert torch.equal(ch08.ancestor_mask_by_lifting(star)[0], torch.eye(5, dtype=torch.bool))
     # P = 1024, T = 64, head_dim 64, bf16, 9 query heads on 3 KV heads
-    first, packed, per_head = (ch07.kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
+    first, packed, per_head = (ch08.kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
     assert first == 2 * 9 * 4 * 1088 * 64 * 2 and first == 3 * packed and per_head * 4 == first
-    assert ch07.mask_bytes(1024, 64) == 64 * 1088
+    assert ch08.mask_bytes(1024, 64) == 64 * 1088
 
 
-def test_ch08_bound_and_buffer_bytes():
+def test_ch09_bound_and_buffer_bytes():
     import json
-    ch08 = load("ch08")
-    assert ch08.expected_tau(0.0, 4) == 1 and ch08.expected_tau(1.0, 4) == 5
-    assert abs(ch08.expected_tau(0.5, 2) - 1.75) < 1e-12
-    rows = [(g, ch08.expected_tau(0.7, g)) for g in (2, 4, 6)]
-    assert ch08.fit_alpha(rows) == 0.7
-    assert abs(ch08.predicted_tok_per_s(0.5, 2, 4.0, 0.5, 1.0) - 1.75 / 6.0 * 1e3) < 1e-9
-    bench = json.loads(ch08.BENCH.read_text())
-    compared = ch08.compare(bench)
+    ch09 = load("ch09")
+    assert ch09.expected_tau(0.0, 4) == 1 and ch09.expected_tau(1.0, 4) == 5
+    assert abs(ch09.expected_tau(0.5, 2) - 1.75) < 1e-12
+    rows = [(g, ch09.expected_tau(0.7, g)) for g in (2, 4, 6)]
+    assert ch09.fit_alpha(rows) == 0.7
+    assert abs(ch09.predicted_tok_per_s(0.5, 2, 4.0, 0.5, 1.0) - 1.75 / 6.0 * 1e3) < 1e-9
+    bench = json.loads(ch09.BENCH.read_text())
+    compared = ch09.compare(bench)
     assert [g for g, _, _ in compared] == [2, 3, 4, 5, 6]
     assert all(0.7 < predicted / measured < 1.3 for _, measured, predicted in compared)
-    assert (ch08.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2
-            == 4 * ch08.kv_bytes_per_step(256, 30, 3, 64, 2))
+    assert (ch09.kv_bytes_per_step(1024, 30, 3, 64, 2) == 2 * 30 * 3 * 1024 * 64 * 2
+            == 4 * ch09.kv_bytes_per_step(256, 30, 3, 64, 2))
 
 
-def test_ch09_bootstrap_and_loop_overhead():
-    ch09 = load("ch09")
+def test_ch10_bootstrap_and_loop_overhead():
+    ch10 = load("ch10")
 
     def rec(method, prompt, tokens, wall, calls):
         return {"id": prompt, "method": method, "category": "code", "new_tokens": tokens, "wall_s": wall,
                 "target_calls": calls}
     records = [rec("ar", "a", 10, 1.0, 10), rec("ar", "b", 10, 1.0, 10),
                rec("greedy", "a", 10, 0.5, 4), rec("greedy", "b", 10, 0.25, 4), rec("hf-assisted", "a", 10, 0.9, 4)]
-    low, high = ch09.bootstrap_speedup(records, "greedy", "code", n=400)
+    low, high = ch10.bootstrap_speedup(records, "greedy", "code", n=400)
     assert 2.0 <= low < high <= 4.0  # one prompt alone: 2x or 4x; both: 20 / 0.75 / 10
     with pytest.raises(ValueError, match="no prompt of category 'chat'"):
-        ch09.bootstrap_speedup(records, "greedy", "chat")
-    assert abs(ch09.loop_overhead_ms(records, "greedy", "hf-assisted") - (0.9 / 4 - 0.75 / 8) * 1e3) < 1e-9
+        ch10.bootstrap_speedup(records, "greedy", "chat")
+    assert abs(ch10.loop_overhead_ms(records, "greedy", "hf-assisted") - (0.9 / 4 - 0.75 / 8) * 1e3) < 1e-9
 
 
 def test_ch04_answers_in_words_and_matching_cost(ch04):
@@ -457,18 +457,18 @@ def test_ch02_simulation_along_alpha(ch02):
     assert parts["simulated, constant α with the budget"] < parts["formula"]
 
 
-def test_ch07_to_ch09_state_their_answers():
+def test_ch08_to_ch10_state_their_answers():
     """Each solution module says its answers in words (its docstring) and computes the numbers behind them."""
-    ch07, ch08, ch09 = load("ch07"), load("ch08"), load("ch09")
-    for module, words in ((ch07, ("doubling steps", "latency")), (ch08, ("not i.i.d.", "Bandwidth is not the bound")),
-                          (ch09, ("three distinct resamples", "the engine, not HF's loop"))):
+    ch08, ch09, ch10 = load("ch08"), load("ch09"), load("ch10")
+    for module, words in ((ch08, ("doubling steps", "latency")), (ch09, ("not i.i.d.", "Bandwidth is not the bound")),
+                          (ch10, ("three distinct resamples", "the engine, not HF's loop"))):
         assert all(w in module.__doc__ for w in words), module.__name__
-    first, second, third = ch07.answers()
+    first, second, third = ch08.answers()
     assert "7 doubling steps" in first and "a 256-deep chain: 9" in first and "10.03 MB" in second
-    fit, buffer = ch08.answers()
+    fit, buffer = ch09.answers()
     assert "fitted alpha 0.66" in fit and "gamma 6: measured 411" in fit
     assert "23.6 MB per step" in buffer and "52 us per attention call" in buffer
-    lines = ch09.answers()
+    lines = ch10.answers()
     assert sum(line.startswith("1. ") for line in lines) == 5 and any("code: 5-95% interval" in line for line in lines)
     assert any("gpu_h100_bfloat16:" in line and "holds" in line for line in lines)
     assert any("graphed" in line and "ours replays graphs" in line for line in lines)
@@ -523,21 +523,21 @@ def test_ch05_tau2_sweep_is_judged_with_its_spread(ch05):
     assert "tau2 3" in slow and "(slower)" in slow
 
 
-def test_ch07_one_tile_kernel_matches_sdpa():
+def test_ch08_one_tile_kernel_matches_sdpa():
     """Exercise 3's single-program Triton kernel, in the CPU interpreter (compiled on a GPU), against SDPA with
     the mask."""
     import random
-    ch07 = load("ch07")
-    if not ch07.ta.AVAILABLE:
-        pytest.skip(ch07.ta.WHY)
+    ch08 = load("ch08")
+    if not ch08.ta.AVAILABLE:
+        pytest.skip(ch08.ta.WHY)
     rng = random.Random(1)
     for T, P in ((1, 0), (7, 5), (16, 20)):
         parents = torch.tensor([-1] + [rng.randrange(-1, i) for i in range(1, T)])
-        mask = ch07.ta.mask_from_parents(parents, P)
+        mask = ch08.ta.mask_from_parents(parents, P)
         device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on a CPU
         q = torch.randn(T, 64, device=device)
         k, v = torch.randn(P + T, 64, device=device), torch.randn(P + T, 64, device=device)
         mask = mask.to(device)
-        reference = ch07.ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
-        torch.testing.assert_close(ch07.one_tile_tree_attention(q, k, v, mask), reference, atol=1e-5, rtol=1e-5)
-    assert ch07.one_tile_check() < 1e-5 and "3. one_tile_tree_attention: largest" in ch07.answers()[2]
+        reference = ch08.ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
+        torch.testing.assert_close(ch08.one_tile_tree_attention(q, k, v, mask), reference, atol=1e-5, rtol=1e-5)
+    assert ch08.one_tile_check() < 1e-5 and "3. one_tile_tree_attention: largest" in ch08.answers()[2]

@@ -1,4 +1,4 @@
-"""Tree attention in Triton (notebook 07): both kernels against the SDPA oracle on random trees and
+"""Tree attention in Triton (notebook 08): both kernels against the SDPA oracle on random trees and
 prefixes (GQA, T = 1, P = 0, trees deeper than 64, the split-prefix reduction), bad input, the
 transformers backend inside the engine. Without a GPU the kernels run in Triton's CPU interpreter."""
 import random
@@ -155,7 +155,7 @@ def test_the_backend_runs_tree_verification_on_the_kernel(tiny, backend, monkeyp
 
 
 def test_the_pytorch_transcription_of_the_kernel_equals_the_oracle():
-    """`tiled_reference` is what notebook 07 reads: online softmax over tiles, the parents walk."""
+    """`tiled_reference` is what notebook 08 reads: online softmax over tiles, the parents walk."""
     rng = random.Random(4)
     for T, P, kind, block_n in ((1, 0, "chain", 4), (9, 13, "random", 4), (70, 33, "deep", 16), (30, 128, "star", 64)):
         parents = make_parents(kind, T, rng)

@@ -1,83 +1,142 @@
 """Solutions to notebook 08's exercises (checked by tests/test_solutions.py). Run it to print the answers.
 
-1. The bound, per gamma: the fitted alpha (about 0.66 on the committed graphed draft-s rows) with the step timings
-   predicts tokens per second within a few percent for gamma 2 to 5, and too low for gamma 6, where the run measured
-   its fastest result. The model goes wrong because acceptance is not i.i.d.: tokens come in easy and hard stretches,
-   so long drafts are fully accepted more often than alpha^gamma says; and a round's costs are not the isolated step
-   timings (the verification of k + 1 tokens and the host's work vary with k). The gamma-6 row is also one run on five
-   prompts: its spread (notebook 08 prints its interval) is wide enough to hold the prediction.
-2. Attention over the buffer: at capacity 1024 a graphed step reads about 23.6 MB of K and V over 30 layers, about
-   0.79 MB per layer, a quarter of a microsecond at 3.35 TB/s, against about 52 microseconds per attention call in the
-   first profile (its attention kernels' GPU time over their calls). Bandwidth is not the bound: with one query token
-   and 9 heads the attention kernel launches too few blocks to fill the GPU's SMs, and each block walks the whole
-   buffer serially, so latency and occupancy bound it. Splitting the keys across programs (notebook 07's prefix split,
-   flash-decoding) is one answer; a smaller buffer, as the fix did, another.
+1. Ancestors in O(log depth) steps: pointer doubling needs about log2(depth) + 1 doubling steps where the walk needs
+   depth steps: for trees like the benchmark's T = 256 ones (about 50 levels deep) that is 7 steps against about 50,
+   and for a 256-deep chain 9 against 256. The mask equals `tree_mask` on chains, stars and random trees.
+2. Bytes per verification: every program reads every key once, so the bytes scale with the number of (head, node
+   block) programs. At P = 1024, T = 64 the first layout (9 query heads x 4 blocks) reads about 10.0 MB, the packed
+   kernel (3 KV heads x 4 blocks) a third of that, about 3.3 MB, and one program per query head over all 64 nodes
+   about 2.5 MB, but with only 9 programs, too few to fill a GPU. The dense bool mask is T x (P + T) bytes, about
+   70 KB: small next to the K and V reads, so what the mask-free kernel saves is building the mask, not reading it.
+   And the distinct K and V of one call (3 KV heads) are under 1 MB, well under a microsecond at 3.35 TB/s, while the
+   kernels take several microseconds: at these sizes they are bound by latency and occupancy, not bandwidth.
+3. A kernel of your own: `one_tile_tree_attention` below is the whole idea in about fifteen kernel lines: one program
+   loads the queries, every key and value and the mask as single tiles, computes the scores with `tl.dot`, masks them
+   with -1e30, takes a plain softmax (max, exp, sum: with one tile there is nothing to rescale) and multiplies by V.
+   In the interpreter it matches SDPA with the mask to about 1e-6 in fp32. What it leaves out is what the course's
+   kernel adds: a loop over key tiles with the online softmax (for prefixes longer than one tile), several query heads
+   per KV head in one program, the prefix split across programs, and the parents walk instead of the mask.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "data" / "bench" / "engine_gpu_h100.json"
+import torch
 
 
-# 1. The bound, per gamma ---------------------------------------------------------------------
-def expected_tau(alpha: float, gamma: int) -> float:
-    """Tokens per target pass with an i.i.d. acceptance rate alpha: 1 + alpha + ... + alpha^gamma."""
-    return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+# 1. Ancestors in O(log depth) steps ------------------------------------------------------------
+def ancestor_mask_by_lifting(parents: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """mask[i, a] = True when node a is node i or one of its ancestors, by pointer doubling:
+    up[j][i] is i's 2^j-th ancestor (-1 past the root). Returns (mask [T, T], doubling steps)."""
+    T = len(parents)
+    parents = parents.long()
+    node = torch.arange(T)
+    # depth by doubling as well: depth[i] = number of ancestors (the root's children have depth 1)
+    up = [parents]
+    while bool((up[-1] >= 0).any()) and len(up) < max(T, 1).bit_length() + 1:
+        prev = up[-1]
+        up.append(torch.where(prev >= 0, prev[prev.clamp_min(0)], prev))
+    depth = torch.ones(T, dtype=torch.long)
+    current = node.clone()
+    for j in reversed(range(len(up))):  # climb as far as possible without passing the root
+        nxt = torch.where(current >= 0, up[j][current.clamp_min(0)], current)
+        ok = nxt >= 0
+        depth += ok.long() << j
+        current = torch.where(ok, nxt, current)
+    diff = depth[:, None] - depth[None, :]            # levels from i up to a candidate a
+    target = node[:, None].expand(T, T).clone()
+    for j in range(len(up)):
+        bit = ((diff >> j) & 1).bool() & (diff >= 0)
+        target = torch.where(bit & (target >= 0), up[j][target.clamp_min(0)], target)
+    mask = (diff >= 0) & (target == node[None, :])
+    return mask, len(up)
 
 
-def fit_alpha(rows: list[tuple[int, float]]) -> float:
-    """The alpha (to 0.001) whose expected tau best fits measured (gamma, tau) pairs, least squares."""
-    grid = [i / 1000 for i in range(1000)]
-    return min(grid, key=lambda a: sum((expected_tau(a, g) - tau) ** 2 for g, tau in rows))
+# 2. Bytes per verification ----------------------------------------------------------------------
+def kv_bytes(P: int, T: int, head_dim: int, bytes_per_value: int, heads: int, node_blocks: int) -> int:
+    """Bytes of K and V read by all programs of one attention call over P + T keys: each of the
+    heads x node_blocks programs (however the prefix is split among them) reads every key once.
+    One per query head and 16-node block (9 x 4 = 36 key passes at T = 64), one per KV head and
+    16-node block (3 x 4 = 12: the packed kernel), one per query head over all 64 nodes (9 x 1)."""
+    return 2 * heads * node_blocks * (P + T) * head_dim * bytes_per_value
 
 
-def predicted_tok_per_s(alpha: float, gamma: int, c_verify: float, c_draft: float, c_loop: float) -> float:
-    """Tokens per second when a round costs c_verify + gamma * c_draft + c_loop milliseconds."""
-    return expected_tau(alpha, gamma) / (c_verify + gamma * c_draft + c_loop) * 1e3
+def mask_bytes(P: int, T: int) -> int:
+    """The dense bool mask [T, P + T] the mask-free kernel never reads (one byte per entry)."""
+    return T * (P + T)
 
 
-def graphed_draft_s_rows(bench: dict) -> dict[int, dict]:
-    """The committed run's graphed greedy draft-s rows, by gamma."""
-    return {row["gamma"]: row for row in bench["loop"].values()
-            if row["mode"] == "graphed" and row["method"].startswith("greedy draft-s")}
+# 3. A kernel of your own ----------------------------------------------------------------------
+from specdec_utils.core import tree_attention as ta  # noqa: E402  (without a GPU, set TRITON_INTERPRET=1 first)
+
+if ta.AVAILABLE:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _one_tile_kernel(Q, K, V, M, O, T, N, D, scale,
+                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        t = tl.arange(0, BLOCK_T)                       # query rows (tree nodes)
+        n = tl.arange(0, BLOCK_N)                       # keys: the prefix, then the tree
+        d = tl.arange(0, BLOCK_D)
+        t_ok, n_ok, d_ok = t < T, n < N, d < D
+        q = tl.load(Q + t[:, None] * D + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(K + n[:, None] * D + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(V + n[:, None] * D + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        allowed = tl.load(M + t[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0) != 0
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # scores [BLOCK_T, BLOCK_N]; ieee: no tf32 on a GPU
+        s = tl.where(allowed, s, -1.0e30)
+        p = tl.exp(s - tl.max(s, axis=1)[:, None])
+        p = tl.where(allowed, p, 0.0)
+        out = tl.dot(p, v, input_precision="ieee") / tl.maximum(tl.sum(p, axis=1), 1e-30)[:, None]
+        tl.store(O + t[:, None] * D + d[None, :], out, mask=t_ok[:, None] & d_ok[None, :])
 
 
-def compare(bench: dict) -> list[tuple[int, float, float]]:
-    """(gamma, measured tok/s, predicted tok/s): alpha fitted to all rows, c_verify and c_draft from the
-    step timings, c_loop fitted on the gamma-4 row."""
-    rows = graphed_draft_s_rows(bench)
-    alpha = fit_alpha([(g, r["tau"]) for g, r in rows.items()])
-    c_verify, c_draft = bench["step"]["target 5 tokens"]["graphed_ms"], bench["step"]["draft-s 1 token"]["graphed_ms"]
-    c_loop = rows[4]["ms_per_round"] - c_verify - 4 * c_draft
-    return [(g, rows[g]["tok_per_s"], predicted_tok_per_s(alpha, g, c_verify, c_draft, c_loop)) for g in sorted(rows)]
-
-
-# 2. Attention over the buffer ----------------------------------------------------------------
-def kv_bytes_per_step(capacity: int, layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
-    """Bytes of K and V one graphed step reads: every position of the buffer, every layer."""
-    return 2 * layers * kv_heads * capacity * head_dim * bytes_per_value
-
-
-def attention_call_us(run: dict) -> float:
-    """Mean GPU time per attention-kernel call in a run's graphed profile, in microseconds."""
-    rows = [r for r in run["profile"]["graphed"]["top_device_ops"] if "fmha" in r["op"] or "attention" in r["op"].lower()]
-    return sum(r["self_device_ms"] for r in rows) / sum(r["count"] for r in rows) * 1e3
-
+def one_tile_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked attention for one head in one Triton program: q [T, D], k and v [N, D] (N = P + T keys), mask [T, N]
+    bool, computed in fp32. All keys fit one tile, so a plain softmax (max, exp, sum) replaces the online one, and
+    nothing is split. Runs compiled on a GPU and in Triton's CPU interpreter elsewhere."""
+    if not ta.AVAILABLE:
+        raise RuntimeError(ta.WHY)
+    T, D = q.shape
+    N = k.shape[0]
+    q, k, v = (x.float().contiguous() for x in (q, k, v))
+    out = torch.empty_like(q)
+    block = lambda x: max(16, triton.next_power_of_2(x))  # noqa: E731  tl.dot wants every side >= 16
+    _one_tile_kernel[(1,)](q, k, v, mask.to(device=q.device, dtype=torch.int8).contiguous(), out, T, N, D,
+                           1.0 / D ** 0.5, BLOCK_T=block(T), BLOCK_N=block(N), BLOCK_D=block(D))
+    return out
 
 def answers() -> list[str]:
-    """The numbers behind the answers above, computed from the committed runs."""
-    bench = json.loads(BENCH.read_text())
-    first = json.loads((BENCH.parent / "engine_gpu_h100_capacity1024.json").read_text())
-    rows = graphed_draft_s_rows(bench)
-    out = [f"1. fitted alpha {fit_alpha([(g, r['tau']) for g, r in rows.items()]):.2f}; "
-           + "; ".join(f"gamma {g}: measured {m:.0f}, predicted {p:.0f} tok/s ({p / m - 1:+.0%})" for g, m, p in compare(bench))]
-    per_layer = kv_bytes_per_step(1024, 30, 3, 64, 2) / 30
-    out.append(f"2. capacity 1024: {kv_bytes_per_step(1024, 30, 3, 64, 2) / 1e6:.1f} MB per step, {per_layer / 1e6:.2f} MB "
-               f"per layer = {per_layer / 3.35e12 * 1e6:.2f} us at 3.35 TB/s, against {attention_call_us(first):.0f} us per "
-               f"attention call in the first profile; capacity 256: {kv_bytes_per_step(256, 30, 3, 64, 2) / 1e6:.1f} MB per step")
-    return out
+    """The numbers behind the answers above, computed."""
+    import random
+    from specdec_utils.core.tree import depths
+    rng = random.Random(0)
+    medusa_like = torch.tensor([-1] + [rng.randrange(max(-1, i - 8), i) for i in range(1, 256)])
+    chain = torch.arange(256) - 1
+    first, packed, per_head = (kv_bytes(1024, 64, 64, 2, h, blocks) for h, blocks in ((9, 4), (3, 4), (9, 1)))
+    distinct = 2 * 3 * (1024 + 64) * 64 * 2
+    return [
+        f"1. a T = 256 tree {int(depths(medusa_like).max())} levels deep: {ancestor_mask_by_lifting(medusa_like)[1]} doubling "
+        f"steps (the walk: {int(depths(medusa_like).max())}); a 256-deep chain: {ancestor_mask_by_lifting(chain)[1]} (the walk: 256)",
+        f"2. K and V bytes per call: first layout {first / 1e6:.2f} MB, packed {packed / 1e6:.2f} MB, one program per query "
+        f"head over all nodes {per_head / 1e6:.2f} MB; the dense mask {mask_bytes(1024, 64) / 1e3:.1f} KB; distinct K and V "
+        f"{distinct / 1e6:.2f} MB, {distinct / 3.35e12 * 1e6:.2f} us at 3.35 TB/s",
+        "3. one_tile_tree_attention: "
+        + (f"largest |difference| from SDPA with the mask {one_tile_check():.1e} (fp32, a 10-node tree on a 6-token prefix)"
+           if ta.AVAILABLE else f"not run here: {ta.WHY}"),
+    ]
+
+
+def one_tile_check(T: int = 10, P: int = 6, seed: int = 0) -> float:
+    """Largest |one_tile_tree_attention - SDPA with the mask| on a random tree, fp32."""
+    import random
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    parents = torch.tensor([-1] + [rng.randrange(-1, i) for i in range(1, T)])
+    mask = ta.mask_from_parents(parents, P)
+    q, k, v = torch.randn(T, 64, generator=gen), torch.randn(P + T, 64, generator=gen), torch.randn(P + T, 64, generator=gen)
+    if torch.cuda.is_available():  # compiled Triton reads GPU memory; the interpreter reads the CPU's
+        q, k, v, mask = q.cuda(), k.cuda(), v.cuda(), mask.cuda()
+    reference = ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
+    return (one_tile_tree_attention(q, k, v, mask) - reference).abs().max().item()
 
 
 if __name__ == "__main__":

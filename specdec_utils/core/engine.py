@@ -221,8 +221,10 @@ class Proposer(Protocol):
     """What the loop asks of a proposer. `propose` returns the round's candidates (at most `gamma`
     tokens along any path; `index` = tokens generated so far); `rollback(committed)` is called after
     each round with the number of committed tokens its caches may keep. A proposer that reads the
-    target's hidden state sets `needs_target_hidden = True`; the loop then calls `observe_target(h)`
-    with the target's pre-norm hidden state [H] at the position that produced the newest token. A
+    target's hidden state sets `needs_target_hidden = True` (and `target_hidden`, where to read it:
+    `hidden.capture_hidden`'s `where`, default "norm"); after each pass the loop calls `observe_target(h)`
+    with the target's states [n, ...] at every position the pass committed, in order (the last row produced
+    the newest token; the newest token itself has no state yet). A
     proposer that owns `ModelRunner`s lists them in `runners()` (no two models may share one cache)."""
 
     def propose(self, tokens: torch.Tensor, gamma: int, policy, sampler: Sampler, generator,
@@ -316,7 +318,7 @@ def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_
     result = GenerationResult(accepted_per_position=[0] * getattr(policy, "initial_gamma", 0), method=method)
     tokens = input_ids  # prompt + committed
     vocab = _vocab_size(target.model)
-    hidden = "norm" if getattr(proposer, "needs_target_hidden", False) else None
+    hidden = getattr(proposer, "target_hidden", "norm") if getattr(proposer, "needs_target_hidden", False) else None
     start = time.perf_counter()
     while not _finished(result.new_token_ids, max_new_tokens, eos_ids):
         t0 = time.perf_counter()
@@ -344,9 +346,11 @@ def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_
         tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
         committed = tokens.shape[1] - 1  # the newest token is in no cache yet
         target.commit(prefix, verdict.path[:len(kept)], committed)
-        if hidden:  # the state at the row that produced the newest token: the root's, or the last accepted node's
-            row = verdict.path[len(kept) - 2] + 1 if len(kept) > 1 else 0
-            proposer.observe_target(states[states.shape[0] - (k + 1) + row])
+        if hidden:  # the states of every position now committed that this pass fed: the rows before the tree
+            before = states.shape[0] - k  # (the uncached prompt tokens, the root last), then the accepted nodes
+            accepted = torch.as_tensor(list(verdict.path[:len(kept) - 1]), dtype=torch.long)
+            rows = torch.cat([torch.arange(before), before + accepted]).to(states.device)
+            proposer.observe_target(states[rows])
         proposer.rollback(committed)
         if len(result.accepted_per_position) < n_accepted:
             result.accepted_per_position += [0] * (n_accepted - len(result.accepted_per_position))

@@ -1,7 +1,7 @@
 """KV-cache length and rollback, for every cache the course meets.
 
 Speculative decoding appends gamma drafted tokens to a KV cache and must remove the rejected ones.
-The engine's own `StaticKVCache` (static_cache.py, notebook 08) has `rollback(n)`: a pointer move.
+The engine's own `StaticKVCache` (static_cache.py, notebook 09) has `rollback(n)`: a pointer move.
 transformers' `DynamicCache` is cropped with a negative count ("remove n positions"), the one meaning
 that is the same on every supported version (`compat.crop_cache`, tested in tests/test_compat.py); a
 rollback of zero positions never reaches it (`crop(0)` empties a cache in the legacy API). The toy

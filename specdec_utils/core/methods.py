@@ -16,6 +16,8 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | `hierarchical`, `hierarchical-noloop` | `draft_small` (M1) checked by `draft` (M2) | per level (notebook 05) | 10 |
 | `medusa` | Medusa `heads` on the target: a token tree | tree template, size, pruning (notebook 06) | 4 |
 | `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) | 4 |
+| `eagle-chain` | an EAGLE head on the target's features: a chain | fixed gamma (notebook 07) | 5 |
+| `eagle` | an EAGLE head grows EAGLE-2's dynamic tree | width, size (notebook 07) | 6 |
 
 `register(Method(...))` adds a method of your own.
 """
@@ -25,6 +27,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import eagle as eagle_heads
 from . import hierarchy, policies, tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 from .runner import ModelRunner
@@ -34,7 +37,7 @@ from .verify import TypicalVerifier, Verifier
 @dataclass(frozen=True)
 class Method:
     """A named method: `make_proposer(models, what)` builds its proposer from the models passed to
-    `generate` (a dict with "target", "draft", "draft_small", "heads"); `policy` is its policy class
+    `generate` (a dict with "target", "draft", "draft_small", "heads", "eagle"); `policy` is its policy class
     (its parameters come from `params`); `uses` names the models it reads; `greedy_only` methods
     refuse a temperature."""
     name: str
@@ -88,6 +91,37 @@ def _draft_tree(models, what):
     return tree_drafting.DraftTreeProposer(draft)
 
 
+_SHIPPED_EAGLE: dict = {}  # id(target) -> (target, the shipped head loaded for it)
+
+
+def _eagle_head(models, what):
+    head, target = models["eagle"], _model(models["target"])
+    if head is None:  # the shipped head, loaded once per target object
+        cached = _SHIPPED_EAGLE.get(id(target))
+        if cached is None or cached[0] is not target:
+            try:
+                _SHIPPED_EAGLE[id(target)] = cached = (target, eagle_heads.load_eagle(eagle_heads.EAGLE_NAME, target))
+            except ValueError as err:
+                raise ValueError(f"{what}: {err}; for another target pass eagle=... (an untrained head: "
+                                 f"specdec_utils.core.eagle.eagle_head_for(target))") from None
+        head = cached[1]
+    if not isinstance(head, eagle_heads.EagleHead):
+        raise ValueError(f"{what} needs eagle=... an EAGLE head (specdec_utils.core.eagle.load_eagle('eagle-head', "
+                         f"target) or eagle_head_for(target)), got {type(head).__name__}")
+    if head.target is not target:
+        raise ValueError(f"{what}: this EAGLE head is attached to another target object; build or load it for "
+                         f"this one: load_eagle(name, target)")
+    return head
+
+
+def _eagle_chain(models, what):
+    return eagle_heads.EagleProposer(_eagle_head(models, what), tree=False)
+
+
+def _eagle_tree(models, what):
+    return eagle_heads.EagleProposer(_eagle_head(models, what), tree=True)
+
+
 def _model(model_or_runner):
     return model_or_runner.model if isinstance(model_or_runner, ModelRunner) else model_or_runner
 
@@ -123,13 +157,15 @@ for _method in (
     Method("hierarchical-noloop", _hierarchy, hierarchy.NoLoopPolicy, frozenset({"draft", "draft_small"})),
     Method("medusa", _medusa, tree_drafting.MedusaPolicy, frozenset({"heads"})),
     Method("draft-tree", _draft_tree, tree_drafting.DraftTreePolicy, DRAFT),
+    Method("eagle-chain", _eagle_chain, eagle_heads.EagleChainPolicy, frozenset({"eagle"})),
+    Method("eagle", _eagle_tree, eagle_heads.EaglePolicy, frozenset({"eagle"})),
 ):
     register(_method)
 
 METHODS = tuple(REGISTRY)
 GREEDY_ONLY = tuple(name for name, m in REGISTRY.items() if m.greedy_only)
 HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
-TREES = ("medusa", "draft-tree")
+TREES = ("medusa", "draft-tree", "eagle")
 POLICIES = {name: m.policy for name, m in REGISTRY.items()}
 
 
@@ -174,8 +210,8 @@ def make_verifier(policy) -> Verifier:
 
 
 def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None, draft_small=None,
-             heads=None, gamma: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             eos_token_id=None, generator=None, params: dict | None = None) -> GenerationResult:
+             heads=None, eagle=None, gamma: int | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, eos_token_id=None, generator=None, params: dict | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `input_ids` [1, n] with `method`: a registered name
     (see the table in this module's docstring) or a `policies.DraftingPolicy` object of your own
     (fresh for each call: policies keep state; it runs with the proposer of the registered method
@@ -188,7 +224,9 @@ def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None
     parameters, e.g. `{"tau": 2.0}` for `entropy-stop`; `policy_parameters(method)` lists them.
     `hierarchical*` drafts with `draft_small` (M1: a draft model or an `ngram.NgramDraft`)
     pre-verified by `draft` (M2); `medusa` guesses a token tree with `heads` (`medusa.load_heads`),
-    `draft-tree` grows one with `draft`. Models a method does not use are ignored (so one call can
+    `draft-tree` grows one with `draft`; `eagle-chain` and `eagle` draft with an EAGLE head on the target's
+    features (`eagle`: `core.eagle.load_eagle`, or `eagle_head_for(target)` for any small Llama; None
+    loads the shipped head for the course's target). Models a method does not use are ignored (so one call can
     try every method). `target`, `draft` and `draft_small` may be models or `runner.ModelRunner`s (a
     runner owns its model's cache and, on a GPU, its CUDA graphs; reuse it across calls). Stops
     after `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
@@ -212,7 +250,7 @@ def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None
     if (spec.greedy_only or name in GREEDY_ONLY) and temperature != 0:
         raise ValueError(f"{what} is greedy only (it reads the target's greedy output); "
                          f"got temperature {temperature!r}, allowed: 0")
-    models = {"target": target, "draft": draft, "draft_small": draft_small, "heads": heads}
+    models = {"target": target, "draft": draft, "draft_small": draft_small, "heads": heads, "eagle": eagle}
     proposer = spec.make_proposer(models, what)
     if policy is None:
         policy = policies.DraftingPolicy(0) if name == "ar" else make_policy(name, gamma, params, draft)

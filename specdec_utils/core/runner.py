@@ -10,7 +10,7 @@ The decode loop and the proposers never hold a `(model, cache)` pair: they hold 
     runner.commit(prefix, path, length)          # keep the accepted path after the prefix, drop the rest
 
 `forward*(..., hidden="norm" | "head")` also returns that hidden state (`hidden.py`). The cache is the
-preallocated `StaticKVCache` (notebook 08) for a transformers decoder, `cache="dynamic"` for
+preallocated `StaticKVCache` (notebook 09) for a transformers decoder, `cache="dynamic"` for
 transformers' own `DynamicCache` (to compare), and the model's own tuple cache for the toy models of
 the tests. A runner is used by one generation at a time; a target that drafts for itself gets two
 runners (two caches), never one cache twice.
@@ -63,7 +63,7 @@ def attention_backends(device, avoid_cudnn: bool = True):
     """On a CUDA GPU, let SDPA choose among flash, memory-efficient and math attention but not cuDNN.
     PyTorch prefers cuDNN's attention on recent GPUs, and cuDNN builds (and caches) an execution plan
     for every new (query length, key length): speculative decoding makes new ones every round, so
-    each round paid milliseconds of plan building (notebook 08 profiles it). Elsewhere: no change."""
+    each round paid milliseconds of plan building (notebook 09 profiles it). Elsewhere: no change."""
     if device.type != "cuda" or not avoid_cudnn:
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,4 +1,4 @@
-"""A preallocated KV cache with O(1) rollback (notebook 08), the engine's cache on CPU and GPU.
+"""A preallocated KV cache with O(1) rollback (notebook 09), the engine's cache on CPU and GPU.
 
 Speculative decoding writes k drafted tokens into the cache every round and throws the rejected
 ones away. transformers' `DynamicCache` grows by `torch.cat` (it copies the whole cache on every

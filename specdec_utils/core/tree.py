@@ -112,7 +112,7 @@ def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torc
                                device)
     n_in = new.shape[1] + len(node_ids) - fed
     num_logits = n_in if num_logits is None else num_logits
-    from .tree_attention import tree_kwargs  # the Triton backends (notebook 07) read the parents, not the mask
+    from .tree_attention import tree_kwargs  # the Triton backends (notebook 08) read the parents, not the mask
     out = model(input_ids=torch.cat([new, node_ids[None, fed:]], dim=1), attention_mask=mask,
                 position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=num_logits,
                 **tree_kwargs(model, new.shape[1], parents, fed, device, seen))

@@ -1,4 +1,4 @@
-"""Tree attention in Triton (notebook 07): the attention of a tree-verification pass, prefix + tree.
+"""Tree attention in Triton (notebook 08): the attention of a tree-verification pass, prefix + tree.
 
 The T tree nodes of a verification pass (`tree.forward_tree`) attend to the P cached prefix
 positions and to their own ancestors and themselves. Two kernels compute it, with one API:

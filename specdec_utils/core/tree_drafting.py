@@ -99,7 +99,7 @@ class MedusaProposer:
         self._templates: dict = {}
 
     def observe_target(self, hidden: torch.Tensor) -> None:
-        self.hidden = hidden
+        self.hidden = hidden[-1]  # the state at the position that produced the newest token
 
     def rollback(self, committed: int) -> None:
         pass

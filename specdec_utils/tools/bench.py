@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--out", type=Path, default=None, help="write the records to this JSON file")
     parser.add_argument("--cuda-graphs", action="store_true",
-                        help="replay the target's and drafts' decode steps from CUDA graphs (GPU only; notebook 08)")
+                        help="replay the target's and drafts' decode steps from CUDA graphs (GPU only; notebook 09)")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The GPU engine benchmark of notebook 08: `python -m specdec_utils.tools.engine_bench [--out FILE]` (GPU only).
+"""The GPU engine benchmark of notebook 09: `python -m specdec_utils.tools.engine_bench [--out FILE]` (GPU only).
 
 On the held-out prompts (one per category), greedy, `--max-new-tokens` tokens each:
 1. float32 identity: the target alone and greedy speculative decoding with each draft, on

@@ -1,4 +1,4 @@
-"""The leaderboard (notebook 09): every method side by side, per device, dtype and mode, Spec-Bench style.
+"""The leaderboard (notebook 10): every method side by side, per device, dtype and mode, Spec-Bench style.
 
     python -m specdec_utils.tools.leaderboard                  # render the committed results
     python -m specdec_utils.tools.leaderboard --run --dtype bfloat16 [--cuda-graphs] [--temperature 1.0]

@@ -1,4 +1,4 @@
-"""The H100 benchmark of notebook 07: `python -m specdec_utils.tools.tree_attention_bench [--out FILE]` (GPU only).
+"""The H100 benchmark of notebook 08: `python -m specdec_utils.tools.tree_attention_bench [--out FILE]` (GPU only).
 
 1. the kernel grid: P in {128, 512, 1024, 2048} x T in {16, 64, 256}, bf16, SmolLM2-135M's heads (9 on 3
    KV heads, head_dim 64): SDPA with the bool mask, SDPA without a mask (the floor), FlexAttention with a

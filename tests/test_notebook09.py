@@ -1,7 +1,7 @@
-"""Notebook 08's teaching capture/replay (`CapturedStep`), run straight out of the notebook: on a GPU its replays
+"""Notebook 09's teaching capture/replay (`CapturedStep`), run straight out of the notebook: on a GPU its replays
 must equal the eager graphed step (`static_forward`) and a graphed `ModelRunner`'s replay. Without CUDA the capture
 cannot run; the CPU check of the graphed step's arithmetic is `ModelRunner(model, graphs=True, record=False)`
-(notebook 08, section 4, and tests/test_static_cache.py)."""
+(notebook 09, section 4, and tests/test_static_cache.py)."""
 import pytest
 import torch
 
@@ -11,7 +11,7 @@ from specdec_utils.core.static_cache import StaticKVCache
 
 from conftest import random_model, random_prompt, teaching_namespace
 
-NOTEBOOK = "08_gpu_engine.ipynb"
+NOTEBOOK = "09_gpu_engine.ipynb"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 
 

@@ -1,0 +1,488 @@
+"""EAGLE heads (Li et al. 2024, 2025): a one-layer draft that reads the target's own features.
+
+An independent draft (notebook 01) sees only tokens and must rebuild, with a few layers, what the
+target computed with thirty. Medusa's heads (notebook 06) read the target's last hidden state but guess
+the token two ahead blind, without the one in between. An EAGLE head does both things right: it reads
+the target's features *and* the token the target just chose, and drafts autoregressively, one cheap
+layer per token:
+
+    entry t:   (feature of position t, token t+1)  ->  one decoder layer  ->  h_t  ->  logits of token t+2
+    next step: (h_t, the drafted token t+2)         ->  the same layer     ->  ...   (its own output as feature)
+
+Two generations of the recipe, both built by `EagleHead` (the ablation of notebook 07 walks from one to
+the other):
+
+- **EAGLE-1** (`layer="eagle1"`, `features=(N,)`): the feature is the target's last post-norm hidden
+  state (the input of lm_head); the input is `fc([embedding; feature])` (2H -> H, with bias) fed to a
+  Llama decoder layer without its input norm; the output *is* a predicted feature, read by the target's
+  frozen lm_head; trained with a feature regression (smooth L1) plus 0.1 x soft cross-entropy, with
+  uniform noise on the input features (SafeAILab/EAGLE `eagle/model/cnets1.py`, `eagle/train/main.py`).
+- **EAGLE-3** (`layer="eagle3"`, `features=(2, N//2, N-3)`): features fused from a low, a middle and a
+  high layer (the residual stream *entering* those layers, pre-norm), `fc` (3H -> H, no bias) gives the
+  residual; the attention's q/k/v read `[norm(embedding); norm(residual)]` (2H); an output norm of its
+  own; a reduced draft vocabulary (`vocab_ids`: the tokens the target writes most, rows of the frozen
+  lm_head, so they cost no stored weights); soft cross-entropy only, over `ttt` unrolled steps in which
+  the head reads its own outputs ("training-time test", SafeAILab/EAGLE `eagle/traineagle3/cnets.py`).
+
+Layer index N (the number of target layers) means the final norm's input. Positions: entry t sits at
+RoPE position t; a drafted entry d steps after the last committed one at position t + d, and it attends
+to every committed entry plus its own ancestors in the round: the same mask in training (`ttt_forward`)
+and at decode time (`EagleProposer`), tested equal.
+
+`eagle_head_for(target, **options)` builds an untrained head for any Llama-family target (what the
+tests use on tiny random models); `load_eagle("eagle-head", target)` loads the shipped one.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import MODELS_DIR
+from .checks import is_count, require
+from .engine import DraftStep, Proposal
+from .hidden import final_norm
+from .policies import DraftingPolicy
+from .sampling import sample_token
+from .tree import depths, prune_keep, subtree
+from .tree_drafting import DraftTreePolicy, _entropy_frac
+
+EAGLE_NAME = "eagle-head"
+LAYERS = ("eagle1", "eagle3")
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        return (self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype))
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"EAGLE heads here use plain RoPE; this target's rope type is {kind!r}")
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def default_features(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers (2, N//2, N-3: 2, 15, 27 for a 30-layer target), kept in range
+    and distinct for shallow models."""
+    return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
+
+
+class EagleHead(nn.Module):
+    """One EAGLE decoder layer on top of a frozen `target` (see the module docstring for the two recipes).
+    Trainable: fc, the layer, its norms. Borrowed, frozen, not saved: the target's embedding, its lm_head
+    rows `vocab_ids` (None = the full vocabulary) and, for EAGLE-1, its final norm."""
+
+    def __init__(self, target, layer: str = "eagle3", features=None, vocab_ids: torch.Tensor | None = None):
+        super().__init__()
+        config = target.config
+        require("layer", layer, layer in LAYERS, f"one of {', '.join(LAYERS)}")
+        n_layers = config.num_hidden_layers
+        if features is None:
+            features = (n_layers,) if layer == "eagle1" else default_features(n_layers)
+        features = tuple(int(f) for f in features)
+        require("features", features, len(features) >= 1 and all(0 <= f <= n_layers for f in features),
+                f"a tuple of target layer indices in 0..{n_layers} ({n_layers} = the final norm's input)")
+        if layer == "eagle1" and features != (n_layers,):
+            raise ValueError(f"layer 'eagle1' reads the last feature only: features must be ({n_layers},)")
+        H = config.hidden_size
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or H // self.n_heads
+        eps = getattr(config, "rms_norm_eps", 1e-6)
+        self.layer, self.features, self.hidden_size = layer, features, H
+        if layer == "eagle1":
+            self.fc = nn.Linear(2 * H, H, bias=True)
+            width = H
+        else:
+            self.fc = nn.Linear(len(features) * H, H, bias=False)
+            self.emb_norm, self.hid_norm = _RMSNorm(H, eps), _RMSNorm(H, eps)
+            width = 2 * H
+        self.q = nn.Linear(width, self.n_heads * self.head_dim, bias=False)
+        self.k = nn.Linear(width, self.n_kv * self.head_dim, bias=False)
+        self.v = nn.Linear(width, self.n_kv * self.head_dim, bias=False)
+        self.o = nn.Linear(self.n_heads * self.head_dim, H, bias=False)
+        self.post_norm = _RMSNorm(H, eps)
+        self.gate = nn.Linear(H, config.intermediate_size, bias=False)
+        self.up = nn.Linear(H, config.intermediate_size, bias=False)
+        self.down = nn.Linear(config.intermediate_size, H, bias=False)
+        self.out_norm = _RMSNorm(H, eps) if layer == "eagle3" else nn.Identity()
+        inv = 1.0 / _rope_theta(config) ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self._target = [target]  # a list: not a submodule (its weights are not the head's)
+        vocab = target.get_output_embeddings().weight.shape[0]
+        self.vocab_size = vocab
+        self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.long().clone(), persistent=False)
+        self.to(device=target.device, dtype=next(target.parameters()).dtype)
+        self.name, self.trained_steps, self.log = "untrained", 0, {}
+
+    # ------------------------------------------------------------------ borrowed parts
+    @property
+    def target(self):
+        return self._target[0]
+
+    @property
+    def target_hidden(self) -> tuple[int, ...]:
+        """What the engine captures from the target (`hidden.capture_hidden`): the input of these layers."""
+        return self.features
+
+    @property
+    def lm_weight(self) -> torch.Tensor:
+        weight = self.target.get_output_embeddings().weight
+        if self.vocab_ids is None:
+            return weight
+        cached = getattr(self, "_lm_rows", None)
+        if cached is None or cached.device != weight.device or cached.dtype != weight.dtype:
+            cached = self._lm_rows = weight[self.vocab_ids].detach()
+        return cached
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
+
+    # ------------------------------------------------------------------ the layer
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, own: bool):
+        """(attention input x, residual r) of entries (feature, token): `features` [..., F] are the target's
+        (own=False) or the head's previous outputs [..., H] (own=True); `tokens` [...] the next tokens."""
+        e = self.target.get_input_embeddings()(tokens).to(self.q.weight.dtype)
+        if self.layer == "eagle1":
+            f = features if own else final_norm(self.target)(features)
+            r = self.fc(torch.cat([e, f.to(e.dtype)], -1))
+            return r, r
+        r = features.to(e.dtype) if own else self.fc(features.to(e.dtype))
+        return torch.cat([self.emb_norm(e), self.hid_norm(r)], -1), r
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """q [.., nh, n, d], k and v [.., nkv, n, d] of x [.., n, width], RoPE at `positions` [.., n]."""
+        shape = x.shape[:-1]
+        q = self.q(x).view(*shape, self.n_heads, self.head_dim).transpose(-2, -3)
+        k = self.k(x).view(*shape, self.n_kv, self.head_dim).transpose(-2, -3)
+        v = self.v(x).view(*shape, self.n_kv, self.head_dim).transpose(-2, -3)
+        angles = positions.float()[..., None] * self.inv_freq
+        emb = torch.cat([angles, angles], -1)
+        cos, sin = emb.cos().to(q.dtype).unsqueeze(-3), emb.sin().to(q.dtype).unsqueeze(-3)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def finish(self, attended: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """attended [.., nh, n, d] -> the layer's output h [.., n, H] (o_proj, residual, SwiGLU MLP)."""
+        a = attended.transpose(-2, -3).flatten(-2)
+        h = r + self.o(a)
+        n = self.post_norm(h)
+        return h + self.down(F.silu(self.gate(n)) * self.up(n))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [.., V'] (V' = len(vocab_ids), or the full vocabulary)."""
+        return self.out_norm(h) @ self.lm_weight.T
+
+    def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [.., V'] scattered into the target's vocabulary (-inf elsewhere)."""
+        if self.vocab_ids is None:
+            return draft_logits
+        full = draft_logits.new_full((*draft_logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.vocab_ids] = draft_logits
+        return full
+
+    # ------------------------------------------------------------------ training: the unrolled forward
+    def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None,
+                    noise: float = 0.0):
+        """The training forward with `steps` unrolled steps (EAGLE-3's training-time test; 1 = EAGLE-1).
+        features [B, n, F] (the target's, at positions 0..n-1), ids [B, n], mask [B, n] (1 = a real token).
+        Entry j of step k reads (step k-1's output at j, or the target's feature at j for k = 0) and the
+        token ids[j + 1 + k], sits at position j + k, attends to the step-0 entries 0..j and to its own
+        earlier steps at j, and predicts ids[j + 2 + k]. Returns a list of `steps` outputs h [B, n-1, H]."""
+        B, n = ids.shape
+        L = n - 1
+        pad = ids.new_zeros(B, steps)
+        shifted = torch.cat([ids, pad], 1)
+        feats = features[:, :L]
+        if noise:
+            feats = feats + (torch.rand_like(feats) - 0.5) * 2 * noise
+        j = torch.arange(L, device=ids.device)
+        key_ok = mask[:, :L].bool() if mask is not None else torch.ones(B, L, dtype=torch.bool, device=ids.device)
+        causal = (j[None, :] <= j[:, None])[None, None] & key_ok[:, None, None, :]  # [B, 1, L, L]
+        scale = 1.0 / math.sqrt(self.head_dim)
+        group = self.n_heads // self.n_kv
+        outs, diag_k, diag_v, k0 = [], [], [], None
+        h = None
+        for k in range(steps):
+            x, r = self.inputs(feats if k == 0 else h, shifted[:, 1 + k:1 + k + L], own=k > 0)
+            q, kk, vv = self.qkv(x, (j + k)[None].expand(B, L))
+            if k == 0:
+                k0, v0 = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
+            else:
+                diag_k.append(kk.repeat_interleave(group, 1))
+                diag_v.append(vv.repeat_interleave(group, 1))
+            scores = (q @ k0.transpose(-1, -2)) * scale
+            scores = scores.float().masked_fill(~causal, float("-inf"))
+            own = [((q * dk).sum(-1, keepdim=True) * scale).float() for dk in diag_k]
+            weights = torch.cat([scores, *own], -1).softmax(-1).to(q.dtype)
+            attended = weights[..., :L] @ v0
+            for s, dv in enumerate(diag_v):
+                attended = attended + weights[..., L + s:L + s + 1] * dv
+            h = self.finish(attended, r)
+            outs.append(h)
+        return outs
+
+    # ------------------------------------------------------------------ saving
+    def config_dict(self) -> dict:
+        return {"layer": self.layer, "features": list(self.features), "hidden_size": self.hidden_size,
+                "target_vocab_size": self.vocab_size, "draft_vocab": self.draft_vocab,
+                "trained_steps": self.trained_steps, "log": self.log}
+
+    def save(self, path) -> None:
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in self.state_dict().items()}
+        if self.vocab_ids is not None:
+            state["vocab_ids"] = self.vocab_ids.to(torch.int32).cpu()
+        save_file(state, str(path / "head.safetensors"))
+        (path / "config.json").write_text(json.dumps(self.config_dict(), indent=1))
+
+
+def eagle_head_for(target, layer: str = "eagle3", features=None, vocab_ids: torch.Tensor | None = None,
+                   seed: int | None = 0) -> EagleHead:
+    """An untrained EAGLE head for any Llama-family `target` (a transformers model with `config`, input and
+    output embeddings and `model.layers`), on the target's device and dtype. `seed` makes the random init
+    repeatable (None: the global generator). Untrained heads draft badly but stay lossless: what the
+    exactness tests use on tiny random targets."""
+    if seed is None:
+        return EagleHead(target, layer, features, vocab_ids)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return EagleHead(target, layer, features, vocab_ids)
+
+
+def load_eagle(name_or_path, target) -> EagleHead:
+    """A head saved by `EagleHead.save` (a name under data/models, or a path), attached to `target`."""
+    from safetensors.torch import load_file
+    path = Path(name_or_path)
+    if not path.exists():
+        path = MODELS_DIR / str(name_or_path)
+    if not (path / "head.safetensors").exists():
+        raise ValueError(f"no EAGLE head at {name_or_path} (a folder with head.safetensors and config.json, or a "
+                         f"name under {MODELS_DIR}); train one with python -m specdec_utils.tools.train_eagle")
+    config = json.loads((path / "config.json").read_text())
+    hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
+    if config["hidden_size"] != hidden or config["target_vocab_size"] != vocab:
+        raise ValueError(f"the EAGLE head at {path} was trained for hidden size {config['hidden_size']} and "
+                         f"{config['target_vocab_size']} tokens; this target has {hidden} and {vocab}")
+    state = load_file(str(path / "head.safetensors"))
+    vocab_ids = state.pop("vocab_ids", None)
+    head = EagleHead(target, config["layer"], config["features"], vocab_ids)
+    head.load_state_dict(state)
+    head.to(device=target.device, dtype=next(target.parameters()).dtype)
+    head.name, head.trained_steps, head.log = path.name, config.get("trained_steps", 0), config.get("log", {})
+    return head
+
+
+# --------------------------------------------------------------------------- decode time
+class _HeadCache:
+    """The head's own keys and values [nkv, capacity, d] (batch 1), grown in chunks; `length` entries valid."""
+
+    def __init__(self):
+        self.k = self.v = None
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = k.shape[-2]
+        if self.k is None or self.length + n > self.k.shape[-2]:
+            capacity = max(256, 2 * (self.length + n))
+            grown_k = k.new_zeros(k.shape[0], capacity, k.shape[-1])
+            grown_v = torch.zeros_like(grown_k)
+            if self.k is not None:
+                grown_k[:, :self.length], grown_v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
+            self.k, self.v = grown_k, grown_v
+        self.k[:, self.length:self.length + n], self.v[:, self.length:self.length + n] = k, v
+        self.length += n
+        return self.k[:, :self.length], self.v[:, :self.length]
+
+
+class EagleProposer:
+    """EAGLE at decode time, a chain (`eagle-chain`) or EAGLE-2's dynamic tree (`eagle`).
+
+    The engine hands over the target's features of every newly committed position after each pass
+    (`needs_target_hidden`, at the layers `head.target_hidden`). A round first feeds the head one entry per
+    committed position it has not seen (feature t, token t+1), then drafts from the newest entry's output:
+    a chain, one entry per token; or a tree, one batched step per level over the `width` best nodes
+    (expand by the head's confidence, then keep the `tree_nodes` best nodes overall by path probability,
+    EAGLE-2's expand-and-rerank). Tree nodes are top-k guesses (deterministic), so sampled verification
+    stays exact (one-hot q); a sampled chain draws from the head's warped distribution (rejection
+    sampling). The first round has no features yet and proposes nothing."""
+    needs_target_hidden = True
+
+    def __init__(self, head: EagleHead, tree: bool = False):
+        self.head, self.tree = head, tree
+        self.cache, self.pending, self.fed = _HeadCache(), None, 0
+
+    @property
+    def target_hidden(self):
+        return self.head.target_hidden
+
+    def observe_target(self, features: torch.Tensor) -> None:
+        self.pending = features if self.pending is None else torch.cat([self.pending, features])
+
+    def rollback(self, committed: int) -> None:
+        if committed == 0:  # a new generation
+            self.cache, self.pending, self.fed = _HeadCache(), None, 0
+        else:  # drop the round's drafted entries: keep one entry per committed position fed so far
+            self.cache.length = min(self.cache.length, self.fed)
+
+    def step(self, features, tokens, positions, allowed, own: bool):
+        """Feed entries (features [n, F|H], tokens [n]) at `positions` [n]; `allowed` [n, cached + n] says which
+        keys each may attend to. Returns (h [n, H], draft-vocabulary logits [n, V'])."""
+        head = self.head
+        x, r = head.inputs(features, tokens, own)
+        q, k, v = head.qkv(x, positions)
+        keys, values = self.cache.append(k, v)
+        group = head.n_heads // head.n_kv
+        attended = F.scaled_dot_product_attention(q[None], keys.repeat_interleave(group, 0)[None],
+                                                  values.repeat_interleave(group, 0)[None],
+                                                  attn_mask=allowed[None, None])[0]
+        h = head.finish(attended, r)
+        return h, head.logits(h)
+
+    def _catch_up(self, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the committed entries the head lacks; return the newest entry's (h [H], logits [V'])."""
+        m = tokens.shape[1] - 1  # the newest token's position; features are known for 0..m-1
+        n = self.pending.shape[0]
+        start = self.fed
+        if start + n != m:
+            raise RuntimeError(f"EAGLE head out of step: {start} entries + {n} new features for {m} positions")
+        device = self.pending.device
+        positions = torch.arange(start, m, device=device)
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
+        h, logits = self.step(self.pending, tokens[0, start + 1:m + 1], positions, allowed, own=False)
+        self.fed, self.pending = m, None
+        return h[-1], logits[-1]
+
+    def propose(self, tokens, gamma, policy, sampler, generator, index) -> Proposal:
+        if self.pending is None or gamma == 0:
+            return Proposal(tokens[0, :0], None, "no draft" if self.pending is None else "budget", 0)
+        h, logits = self._catch_up(tokens)
+        if self.tree:
+            return self._tree(tokens, h, logits, gamma, policy)
+        return self._chain(tokens, h, logits, gamma, policy, sampler, generator, index)
+
+    def _chain(self, tokens, h, logits, gamma, policy, sampler, generator, index) -> Proposal:
+        head, m = self.head, tokens.shape[1] - 1
+        drafted, rows, stop, forwards = [], [], "gamma", 1
+        for position in range(gamma):
+            full = head.full_logits(logits)
+            probs = None if sampler.greedy else sampler.probs(full)
+            step = DraftStep(position, index + position, full, None, probs, None)
+            if sampler.greedy:
+                best = logits.argmax()
+                step.drawn = int(head.vocab_ids[best] if head.vocab_ids is not None else best)
+            if policy.stop_before(step):
+                stop = policy.reason
+                break
+            if not sampler.greedy:
+                step.drawn = sample_token(probs, generator)
+            drafted.append(step.drawn)
+            rows.append(probs)
+            if policy.stop_after(step):
+                stop = policy.reason
+                break
+            if position + 1 < gamma:
+                token = tokens.new_tensor([step.drawn])
+                pos = torch.tensor([m + position], device=h.device)
+                allowed = torch.ones(1, self.cache.length + 1, dtype=torch.bool, device=h.device)
+                h, logits = self.step(h[None], token, pos, allowed, own=True)
+                h, logits, forwards = h[0], logits[0], forwards + 1
+        probs = torch.stack(rows) if rows and rows[0] is not None else None
+        return Proposal(tokens.new_tensor(drafted), probs, stop, forwards, head.vocab_size)
+
+    def _tree(self, tokens, h_root, logits_root, gamma, policy) -> Proposal:
+        head, m, base = self.head, tokens.shape[1] - 1, self.cache.length
+        width = policy.width
+        tok, par, score, prob, ent = [], [], [], [], []
+        entry = {}            # candidate -> its row among this round's fed entries
+        fed_parent: list[int] = []   # fed row -> the fed row of its parent (-1: the committed prefix)
+        states = {-1: (h_root, logits_root)}  # candidate -> (h, logits) of the entry that fed it
+        frontier, forwards = [-1], 1
+        for depth in range(1, gamma + 1):
+            level = []
+            for parent in frontier:
+                h, logits = states[parent]
+                logp = torch.log_softmax(logits.float(), -1)
+                frac = float(_entropy_frac(logp))
+                top = logp.topk(min(width, logp.shape[-1]))
+                parent_score = score[parent] if parent >= 0 else 0.0
+                ids = top.indices if head.vocab_ids is None else head.vocab_ids[top.indices]
+                for value, token in zip(top.values.tolist(), ids.tolist()):
+                    level.append(len(tok))
+                    tok.append(token), par.append(parent), score.append(parent_score + value)
+                    prob.append(math.exp(value)), ent.append(frac)
+            if depth == gamma:
+                break
+            frontier = sorted(level, key=lambda c: (-score[c], c))[:width]
+            frontier.sort()
+            # feed the frontier: entry (h of the entry that predicted c, token c) at position m + depth - 1
+            rows = []
+            for c in frontier:
+                parent_row = entry.get(par[c], -1)
+                entry[c] = len(fed_parent)
+                fed_parent.append(parent_row)
+                rows.append(c)
+            n_new, total = len(rows), len(fed_parent)
+            allowed = torch.zeros(n_new, base + total, dtype=torch.bool, device=h_root.device)
+            allowed[:, :base] = True
+            for i, c in enumerate(rows):
+                r = entry[c]
+                while r >= 0:
+                    allowed[i, base + r] = True
+                    r = fed_parent[r]
+            inputs = torch.stack([states[par[c]][0] for c in rows])
+            positions = torch.full((n_new,), m + depth - 1, device=h_root.device)
+            hs, lg = self.step(inputs, tokens.new_tensor([tok[c] for c in rows]), positions, allowed, own=True)
+            for i, c in enumerate(rows):
+                states[c] = (hs[i], lg[i])
+            forwards += 1
+        nodes, parents = torch.tensor(tok, dtype=torch.long), torch.tensor(par, dtype=torch.long)
+        keep = torch.ones(len(tok), dtype=torch.bool)
+        if len(tok) > policy.tree_nodes:  # the best nodes by path probability (an ancestor scores at least as high)
+            keep = torch.zeros(len(tok), dtype=torch.bool)
+            keep[sorted(range(len(tok)), key=lambda c: (-score[c], c))[:policy.tree_nodes]] = True
+        keep &= prune_keep(torch.tensor(prob), parents, torch.tensor(ent), policy.prune, policy.threshold)
+        n_before = len(tok)
+        nodes, parents = subtree(nodes, parents, keep)
+        detail = {"tree_nodes": len(nodes), "pruned": n_before - len(nodes),
+                  "tree_depth": int(depths(parents).max()) if len(parents) else 0}
+        return Proposal(nodes.to(tokens.device), None, "tree", forwards, head.vocab_size, detail, parents)
+
+
+class EagleChainPolicy(DraftingPolicy):
+    """`eagle-chain`: a fixed chain of `gamma` head steps per round."""
+    name = "eagle-chain"
+
+    def __init__(self, gamma: int = 5):
+        super().__init__(gamma)
+
+
+class EaglePolicy(DraftTreePolicy):
+    """`eagle`: EAGLE-2's dynamic tree of depth `gamma`: each level expands the `width` best nodes (by path
+    probability) into their `width` best children; the round keeps the `tree_nodes` best nodes."""
+    name = "eagle"
+
+    def __init__(self, gamma: int = 6, tree_nodes: int = 24, width: int = 4, prune: str = "none",
+                 threshold: float = 0.1):
+        super().__init__(gamma, tree_nodes, width, prune, threshold)
+        require("gamma", gamma, is_count(gamma, 1), "an integer >= 1 (the tree's depth)")

@@ -1,0 +1,167 @@
+"""EAGLE heads (notebook 07): the training forward equals the decode-time forward, greedy `eagle-chain` and
+`eagle` equal `ar`, sampled ones are exact (with a planted bug that fails), saving, loading and errors."""
+import pytest
+import torch
+
+from specdec_utils import generate
+from specdec_utils.core import eagle
+from specdec_utils.core.engine import Sampler
+from specdec_utils.core.hidden import capture_hidden
+from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
+from specdec_utils.models import tiny_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is fastest (see conftest)
+
+
+def tiny_target(vocab: int, seed: int):
+    """A tiny Llama with an untied random output head (a tied one mostly repeats its last token)."""
+    target = tiny_model("tiny-llama", vocab_size=vocab, seed=seed).eval()
+    generator = torch.Generator().manual_seed(seed)
+    target.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, 64, generator=generator) / 8)
+    return target
+
+
+def random_head(target, seed: int = 0, **options):
+    head = eagle.eagle_head_for(target, seed=seed, **options)
+    with torch.no_grad():  # an untrained head is a near-copy of its inputs: make every part matter
+        for p in head.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    return head.eval()
+
+
+def test_capture_layers_equals_output_hidden_states():
+    target = tiny_target(64, 1)
+    ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture_hidden(target, (0, 1, 2)) as captured:
+        out = target(input_ids=ids, output_hidden_states=True)
+    with torch.no_grad(), capture_hidden(target, "norm") as prenorm:
+        target(input_ids=ids)
+    h = out.hidden_states  # [0] = embeddings = input of layer 0; [1] = input of layer 1; [2] = post-norm
+    assert torch.allclose(captured[0], torch.cat([h[0], h[1], prenorm[0]], -1))
+    with pytest.raises(ValueError, match="layer indices"):
+        with capture_hidden(target, (3,)):
+            pass
+
+
+@pytest.mark.parametrize("layer", ["eagle1", "eagle3"])
+def test_training_forward_equals_decode_time_forward(layer):
+    """Step k of `ttt_forward` at position j is what the proposer computes when the tokens after j+1 were
+    drafted and accepted: same inputs, positions and attention (committed entries + own ancestors)."""
+    target = tiny_target(64, 1)
+    head = random_head(target, 3, layer=layer, vocab_ids=torch.arange(10, 50) if layer == "eagle3" else None)
+    ids = torch.randint(3, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capture_hidden(target, head.target_hidden) as feats:
+        target(input_ids=ids)
+    with torch.no_grad():
+        outs = head.ttt_forward(feats[0], ids, steps=3)
+        for j in (0, 4, 7):
+            proposer = eagle.EagleProposer(head)
+            proposer.observe_target(feats[0][0, :j + 1])
+            h, logits = proposer._catch_up(ids[:, :j + 2])
+            assert torch.allclose(h, outs[0][0, j], rtol=1e-4, atol=1e-4)
+            for k in (1, 2):
+                allowed = torch.ones(1, proposer.cache.length + 1, dtype=torch.bool)
+                hs, _ = proposer.step(h[None], ids[0, j + 1 + k:j + 2 + k], torch.tensor([j + k]), allowed, own=True)
+                h = hs[0]
+                assert torch.allclose(h, outs[k][0, j], rtol=1e-4, atol=1e-4), (j, k)
+
+
+CASES = [("eagle-chain", 3, {}), ("eagle-chain", 1, {}), ("eagle", 4, {"width": 2, "tree_nodes": 6}),
+         ("eagle", 3, {"width": 3, "tree_nodes": 30}), ("eagle", 2, {"width": 1, "tree_nodes": 1})]
+
+
+@pytest.mark.parametrize("method,gamma,params", CASES)
+@pytest.mark.parametrize("layer", ["eagle1", "eagle3"])
+def test_greedy_eagle_equals_ar(method, gamma, params, layer):
+    accepted = 0
+    for seed in (0, 1):
+        target = tiny_target(4, seed)
+        head = random_head(target, seed, layer=layer)
+        for prompt_seed in range(3):
+            ids = torch.randint(0, 4, (1, 3 + prompt_seed), generator=torch.Generator().manual_seed(prompt_seed))
+            ref = generate(target, ids, 25, method="ar").new_token_ids
+            out = generate(target, ids, 25, method=method, eagle=head, gamma=gamma, params=params)
+            assert out.new_token_ids == ref
+            accepted += out.accepted
+    assert accepted > 5  # a vocabulary of 4: guesses are often right, paths get walked
+
+
+def test_a_reduced_vocabulary_head_stays_exact_in_greedy():
+    target = tiny_target(64, 2)
+    head = random_head(target, 1, vocab_ids=torch.arange(3, 40))
+    ids = torch.tensor([[5, 9, 11, 4]])
+    ref = generate(target, ids, 30, method="ar").new_token_ids
+    for method in ("eagle-chain", "eagle"):
+        assert generate(target, ids, 30, method=method, eagle=head).new_token_ids == ref
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target = tiny_target(4, 1)
+    head = random_head(target, 5)
+    prompt = torch.tensor([[1, 3, 0]])
+    return target, head, prompt, exact_distribution(target, prompt, 5, Sampler(1.0))
+
+
+# 3,000 outputs of 5 tokens (1,024 possible) detect TV >= 0.071 (90% power at alpha 1e-3, worst direction;
+# `exactness.min_detectable_tv`, as for the other tree methods)
+@pytest.mark.stat
+@pytest.mark.parametrize("method,params", [("eagle-chain", {}), ("eagle", {"width": 2, "tree_nodes": 8})])
+def test_sampled_eagle_is_exact_over_whole_outputs(small_vocab, method, params):
+    target, head, prompt, exact = small_vocab
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method=method, eagle=head, gamma=3,
+                                               temperature=1.0, generator=g, params=params).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.stat
+def test_planted_bug_chain_verified_against_the_wrong_q_fails(small_vocab, monkeypatch):
+    """A chain drawn from the head's distribution q but verified as if drawn from the uniform one: accepted
+    with min(1, 4p) instead of min(1, p/q). (Handing it over as one-hot would *not* be a bug: a token
+    chosen without looking at the target's randomness and accepted with probability p stays exact, the
+    rule that keeps top-k trees exact.)"""
+    target, head, prompt, exact = small_vocab
+    original = eagle.EagleProposer._chain
+
+    def without_q(self, *args):
+        proposal = original(self, *args)
+        proposal.probs = torch.full_like(proposal.probs, 0.25)
+        return proposal
+    monkeypatch.setattr(eagle.EagleProposer, "_chain", without_q)
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method="eagle-chain", eagle=head, gamma=3,
+                                               temperature=1.0, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) < 1e-6
+
+
+def test_save_and_load_round_trip(tmp_path):
+    target = tiny_target(64, 1)
+    head = random_head(target, 2, vocab_ids=torch.arange(5, 45))
+    head.save(tmp_path / "h")
+    loaded = eagle.load_eagle(tmp_path / "h", target)
+    assert loaded.layer == head.layer and loaded.features == head.features
+    assert torch.equal(loaded.vocab_ids, head.vocab_ids)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.allclose(a.to(torch.bfloat16).float(), b.float()), name
+    other = tiny_model("tiny-llama", vocab_size=32, seed=1)
+    with pytest.raises(ValueError, match="trained for hidden size"):
+        eagle.load_eagle(tmp_path / "h", other)
+    with pytest.raises(ValueError, match="no EAGLE head"):
+        eagle.load_eagle(tmp_path / "missing", target)
+
+
+def test_eagle_methods_refuse_bad_input():
+    target = tiny_target(64, 1)
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="eagle_head_for"):  # the shipped head fits the course's target only
+        generate(target, ids, 5, method="eagle")
+    with pytest.raises(ValueError, match="needs eagle="):
+        generate(target, ids, 5, method="eagle-chain", eagle="eagle-head")
+    other = tiny_target(64, 1)
+    with pytest.raises(ValueError, match="another target"):
+        generate(other, ids, 5, method="eagle", eagle=eagle.eagle_head_for(target))
+    with pytest.raises(ValueError, match="layer must be"):
+        eagle.eagle_head_for(target, layer="eagle2")
+    with pytest.raises(ValueError, match="features must be"):
+        eagle.eagle_head_for(target, features=(0, 9))
+    with pytest.raises(ValueError, match="width"):
+        generate(target, ids, 5, method="eagle", eagle=eagle.eagle_head_for(target), params={"width": 0})
