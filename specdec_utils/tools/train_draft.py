@@ -124,6 +124,11 @@ def generate_corpus(target, tokenizer, n_sequences: int, new_tokens: int, batch_
 
 def choose_vocab(corpus: list[dict], vocab_size: int, full_vocab_size: int) -> torch.Tensor:
     """The `vocab_size` most frequent token ids of the corpus (continuations weigh double)."""
+    if hasattr(corpus, "continuation_tokens"):  # a `write_corpus.TokenCorpus`: counted without a Python loop
+        every = corpus.tokens[torch.arange(corpus.tokens.shape[1])[None] < corpus.lengths[:, None]]
+        counts = (torch.bincount(every.long(), minlength=full_vocab_size)
+                  + torch.bincount(corpus.continuation_tokens().long(), minlength=full_vocab_size)).float()
+        return torch.sort(counts.topk(min(vocab_size, full_vocab_size)).indices).values
     counts = torch.zeros(full_vocab_size)
     for seq in corpus:
         ids = torch.tensor(seq["ids"])
@@ -162,6 +167,8 @@ def make_draft(name: str, target, vocab_ids: torch.Tensor) -> ReducedVocabLlamaF
 def batch(corpus: list[dict], idx, max_len: int | None, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) [len(idx), longest] of the corpus rows `idx`, right-padded with 0 and cut to
     `max_len` tokens (None: whole rows)."""
+    if hasattr(corpus, "batch"):  # a `write_corpus.TokenCorpus` pads on its own
+        return corpus.batch(idx, max_len, device)
     seqs = [corpus[i]["ids"][:max_len] for i in idx]
     length = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), length, dtype=torch.long)
@@ -423,13 +430,14 @@ def load_or_write_corpus(target, tokenizer, args) -> tuple[list[dict], int]:
     """The target-written corpus: read from `args.corpus` if it exists, else generated (and saved
     there when given). Returns (sequences, total tokens)."""
     if args.corpus and args.corpus.exists():
-        corpus = torch.load(args.corpus)
+        from .write_corpus import load_corpus
+        corpus = load_corpus(args.corpus)  # written by write_corpus (fast, on a GPU) or by this trainer
     else:
         corpus = generate_corpus(target, tokenizer, args.sequences, args.new_tokens, args.gen_batch,
                                  seed=args.seed, time_budget_s=args.gen_budget_s)
         if args.corpus:
             torch.save(corpus, args.corpus)
-    n_tokens = sum(len(s["ids"]) for s in corpus)
+    n_tokens = corpus.num_tokens if hasattr(corpus, "num_tokens") else sum(len(s["ids"]) for s in corpus)
     print(f"corpus: {len(corpus)} sequences, {n_tokens} tokens", flush=True)
     return corpus, n_tokens
 
@@ -448,7 +456,8 @@ def main(argv=None):
         if not args.names:
             return 0
     vocab = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
-    cont = torch.cat([torch.tensor(s["ids"][s["prompt_len"]:]) for s in corpus])
+    cont = (corpus.continuation_tokens() if hasattr(corpus, "continuation_tokens")
+            else torch.cat([torch.tensor(s["ids"][s["prompt_len"]:]) for s in corpus]))
     coverage = torch.isin(cont, vocab).float().mean().item()
     print(f"draft vocabulary: {len(vocab)} tokens cover {coverage:.2%} of continuation tokens", flush=True)
     eval_rows = build_prompts("eval")

@@ -1,0 +1,101 @@
+"""What one draft step costs: the EAGLE head's against the draft model's and the target's (notebook 07).
+
+A draft step is one token through the drafter with its cache: for `draft-m` a forward of its four layers, for
+the EAGLE head one entry through its single layer plus the lm_head rows of its vocabulary. Both run eagerly
+(the engine's default path) at a realistic cache length; the target's eager step is the unit. Median of
+`--repeats` after warm-up, synchronised on a GPU, every model timed side by side in one run, spread printed.
+
+    python -m specdec_utils.tools.draft_step_bench --device cuda --out data/bench/draft_step_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..core.eagle import EAGLE_NAME, EagleProposer, load_eagle
+from ..core.runner import ModelRunner
+from ..models import load_model
+from ..utils import device_summary
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(step, device, repeats: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+@torch.inference_mode()
+def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m") -> dict:
+    target, _ = load_model("smollm2-135m", device=device, dtype=dtype)
+    draft, _ = load_model(draft_name, device=device, dtype=dtype)
+    head = load_eagle(head_name, target)
+    ids = torch.randint(3, 1000, (1, context), device=device, generator=None)
+    out = {}
+    for name, model in (("target", target), ("draft-m", draft)):
+        runner = ModelRunner(model)
+        runner.forward(ids)
+
+        def step(runner=runner):
+            runner.forward(torch.cat([ids, ids[:, :1]], 1))
+            runner.rollback(context)
+        out[name] = time_steps(step, device, repeats)
+    proposer = EagleProposer(head)
+    features = torch.randn(context, len(head.features) * head.hidden_size, device=device, dtype=dtype)
+    proposer.observe_target(features[:-1])
+    h, _ = proposer._catch_up(ids)
+    fed = proposer.cache.length
+
+    def head_step():
+        allowed = torch.ones(1, fed + 1, dtype=torch.bool, device=device)
+        proposer.step(h[None], ids[0, :1], torch.tensor([fed], device=device), allowed, own=True)
+        proposer.cache.length = fed
+    out["eagle-head"] = time_steps(head_step, device, repeats)
+    return {name: {"median_ms": statistics.median(t), "p10_ms": sorted(t)[len(t) // 10],
+                   "p90_ms": sorted(t)[9 * len(t) // 10]} for name, t in out.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--context", type=int, default=128, help="tokens in the caches")
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--head", default=EAGLE_NAME, help="the EAGLE head (a name under data/models or a folder)")
+    ap.add_argument("--draft", default="draft-m", help="the draft model to compare with")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    result = measure(device, getattr(torch, args.dtype), args.context, args.repeats, args.head, args.draft)
+    record = {"device": device_summary(device), "dtype": args.dtype, "context": args.context,
+              "repeats": args.repeats, "steps": result,
+              "command": "python -m specdec_utils.tools.draft_step_bench " + " ".join(argv or sys.argv[1:])}
+    for name, r in result.items():
+        print(f"{name:<11} median {r['median_ms']:.2f} ms (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f})")
+    ratio = result["eagle-head"]["median_ms"] / result["draft-m"]["median_ms"]
+    print(f"EAGLE head step / draft-m step: {ratio:.2f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

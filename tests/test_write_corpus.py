@@ -1,0 +1,172 @@
+"""Tests of the fast corpus writer on tiny models: the pure-torch decoder computes the same logits as
+transformers (left padding included) and the same greedy tokens as `generate`, the GPU sampler
+draws from the right distribution, rows whose start contains an evaluation prompt are dropped,
+and the corpus file round-trips (old list-of-dicts corpora included)."""
+import json
+
+import pytest
+import torch
+
+from specdec_utils.models import load_model, tiny_model
+from specdec_utils.prompts import build_prompts
+from specdec_utils.tools import train_draft, write_corpus
+from specdec_utils.tools.write_corpus import StaticDecoder, TokenCorpus, choose_tokens, load_corpus
+
+from conftest import random_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+STARTS = [[5, 9, 17], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [100, 101, 102, 103, 104]]  # 8, 0 and 6 pads
+
+
+# Rotary attention depends only on relative positions, so these logits cannot see a constant offset in one
+# row's positions (harmless); they do see prefill and decode disagreeing on a position, a wrong mask, a wrong
+# rotation, and a decode step reading the wrong slot.
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_prefill_and_decode_logits_match_transformers_row_by_row(tied):
+    model = (tiny_model("tiny-llama", vocab_size=256, seed=0) if tied else random_model("tiny-llama", seed=0)).eval()
+    decoder = StaticDecoder(model, batch=3, max_len=128)
+    fed = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]])  # teacher-forced decode steps
+    with torch.no_grad():
+        logits, P = decoder.prefill(STARTS)
+        steps = [logits] + [decoder.forward(fed[:, j:j + 1], torch.tensor([P + j]), window=64) for j in range(4)]
+        for row, start in enumerate(STARTS):
+            reference = model(torch.tensor([start + fed[row].tolist()])).logits[0, len(start) - 1:]
+            for j, got in enumerate(steps):
+                torch.testing.assert_close(got[row], reference[j], atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_matches_transformers_generate():
+    model = random_model("tiny-llama", seed=0)
+    decoder = StaticDecoder(model, batch=4, max_len=128)
+    steps = 60  # slots 11..70: attention windows of 64, then 128 slots
+    seq, pads = decoder.generate(STARTS, steps)  # 3 rows in a batch of 4: the spare row is discarded
+    assert seq.shape == (3, 11 + steps) and pads.tolist() == [8, 0, 6]
+    for row, start in enumerate(STARTS):
+        assert seq[row, pads[row]:11].tolist() == start
+        expected = model.generate(torch.tensor([start]), max_new_tokens=steps, do_sample=False, top_p=None,
+                                  top_k=None, temperature=None, pad_token_id=0)[0, len(start):].tolist()
+        if 2 in expected:  # transformers stops at EOS (id 2), the decoder goes on
+            expected = expected[:expected.index(2) + 1]
+        assert seq[row, 11:11 + len(expected)].tolist() == expected
+
+
+def test_sampler_draws_from_softmax_and_keeps_to_the_nucleus():
+    torch.manual_seed(0)
+    rows = 40_000
+    logits = torch.tensor([2.0, 1.0, 0.5, -3.0]).expand(rows, 4)
+    p = torch.softmax(logits[0], -1)  # 0.61, 0.23, 0.14, 0.005: top-p 0.95 keeps the first three
+    no = torch.zeros(rows, dtype=torch.bool)
+    drawn = choose_tokens(logits, torch.ones(rows), no, "sample")
+    torch.testing.assert_close(torch.bincount(drawn, minlength=4) / rows, p, atol=0.01, rtol=0)
+    cooler = choose_tokens(logits, torch.full((rows,), 0.5), no, "sample")
+    torch.testing.assert_close(torch.bincount(cooler, minlength=4) / rows, torch.softmax(logits[0] / 0.5, -1),
+                               atol=0.01, rtol=0)
+    opening = torch.arange(rows) % 2 == 0  # even rows: the opening's T=1 nucleus; odd rows: greedy
+    mixed = choose_tokens(logits, torch.zeros(rows), opening, "nucleus")
+    assert (mixed[~opening] == 0).all()
+    nucleus = torch.cat([p[:3] / p[:3].sum(), torch.zeros(1)])
+    assert (mixed[opening] != 3).all()
+    torch.testing.assert_close(torch.bincount(mixed[opening], minlength=4) / (rows // 2), nucleus, atol=0.015, rtol=0)
+    assert (choose_tokens(logits, torch.ones(rows), no, "greedy") == 0).all()
+
+
+def test_decoder_refuses_other_rotary_embeddings():
+    model = tiny_model("tiny-llama", vocab_size=64)
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="default rotary embedding"):
+        StaticDecoder(model, batch=1, max_len=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_writer():
+    model, tokenizer = load_model("tiny-llama", device="cpu")
+    return model, tokenizer, StaticDecoder(model, batch=4, max_len=128)
+
+
+def test_rows_whose_start_contains_an_eval_prompt_are_dropped(tiny_writer):
+    model, tokenizer, decoder = tiny_writer
+    prompt = build_prompts("eval")[0]["prompt"]
+    texts = ["Once upon a time", f"Some notes. {prompt} and more", "import os\n", "Hello"]
+    starts = tokenizer(texts, add_special_tokens=False).input_ids
+    part = write_corpus.write_batch(decoder, tokenizer, starts, ["docs"] * 4, [0, 0, 0, 2], [0.0] * 4, 8,
+                                    [r["prompt"] for r in build_prompts("eval")])
+    assert part["dropped_for_eval"] == 1 and len(part["lengths"]) == 3
+    kept = [tokenizer.decode(row[:n].tolist()) for row, n in zip(part["tokens"], part["prompt_len"])]
+    assert kept[:2] == [texts[0], texts[2]] and kept[2].startswith("Hello") and all(prompt not in t for t in kept)
+    # the last row's two sampled opening tokens count as start (and as 2 of its 8 generated tokens)
+    assert part["prompt_len"].tolist() == [len(starts[0]), len(starts[2]), len(starts[3]) + 2]
+    assert (part["lengths"] - part["prompt_len"]).tolist() == [8, 8, 6]
+    assert (part["tokens"][0, len(starts[0]) + 8:] == -1).all()
+
+
+class CannedDecoder:
+    """Stands in for StaticDecoder: `generate` returns fixed rows (P = 3 start slots, 4 generated tokens)."""
+    rows = [[7, 8, 9, 10, 2, 11, 12],   # EOS in the continuation: cut after it, EOS kept
+            [0, 0, 5, 2, 3, 4, 5],      # EOS in the 1-token sampled opening: dropped
+            [0, 6, 6, 2, 3, 3, 3],      # 1 continuation token: dropped
+            [4, 4, 4, 13, 14, 15, 2]]   # 1 opening token (counts as start), then 3 continuation tokens
+
+    def generate(self, starts, steps, temperature, opening):
+        return torch.tensor(self.rows), torch.tensor([0, 2, 1, 0])
+
+
+def test_rows_are_cut_after_the_first_eos_of_their_continuation(tiny_writer):
+    tokenizer = tiny_writer[1]
+    part = write_corpus.write_batch(CannedDecoder(), tokenizer, None, ["code"] * 4, [0, 1, 0, 1], [0.0, 0.0, 0.0, 1.0],
+                                    4, [])
+    assert tokenizer.eos_token_id == 2 and part["dropped_for_eval"] == 0
+    assert part["tokens"].tolist() == [[7, 8, 9, 10, 2, -1, -1], [4, 4, 4, 13, 14, 15, 2]]
+    assert part["lengths"].tolist() == [5, 7] and part["prompt_len"].tolist() == [3, 4]
+    assert part["mode"].tolist() == [0, 1] and part["kind"].tolist() == [write_corpus.KINDS.index("code")] * 2
+
+
+def test_token_corpus_round_trip_and_old_format(tmp_path):
+    rows = [{"ids": [5, 6, 7, 8], "prompt_len": 2, "kind": "code", "mode": "greedy"},
+            {"ids": [9, 10, 11, 12, 13, 14, 2], "prompt_len": 3, "kind": "prompt", "mode": "sampled"},
+            {"ids": [1, 3, 4], "prompt_len": 1, "kind": "prompt", "mode": "greedy"}]
+    torch.save(rows, tmp_path / "old.pt")
+    old = load_corpus(tmp_path / "old.pt")
+    assert len(old) == 3 and list(old) == rows and old.num_tokens == 14
+    assert old.continuation_tokens().tolist() == [7, 8, 12, 13, 14, 2, 3, 4]
+    old.save(tmp_path / "new.pt")
+    new = load_corpus(tmp_path / "new.pt")
+    assert [new[i] for i in range(len(new))] == rows
+    for max_len in (None, 5, 2):
+        ids, mask = new.batch([2, 0, 1], max_len, "cpu")
+        ref_ids, ref_mask = train_draft.batch(rows, [2, 0, 1], max_len, "cpu")
+        assert torch.equal(ids, ref_ids) and torch.equal(mask, ref_mask)
+    assert isinstance(new, TokenCorpus) and new.kind_names == ["code", "prompt"]
+
+
+def test_cli_writes_a_corpus_and_its_log(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(write_corpus, "QUESTION_TOKENS", 8)  # a random model seldom ends its question anyway
+    out = tmp_path / "corpus.pt"
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "100", "--batch", "4",
+                              "--new-tokens", "8", "--out", str(out)]) == 0
+    corpus, log = load_corpus(out), json.loads(out.with_suffix(".json").read_text())
+    assert log["continuation_tokens"] >= 100 and log["rows"] == len(corpus) > 0
+    assert sum(log["rows_per_kind"].values()) == len(corpus) and log["dropped_for_eval"] == 0
+    assert all(2 <= len(row["ids"]) - row["prompt_len"] <= 8 for row in corpus)
+    assert "tokens/s" in capsys.readouterr().out
+    for argv, message in ((["--batch", "0"], "--batch must be >= 1"),
+                          (["--sampled-fraction", "2"], "--sampled-fraction must be in"),
+                          (["--new-tokens", "1"], "--new-tokens must be >= 2")):
+        with pytest.raises(SystemExit):
+            write_corpus.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_greedy_generation_matches_transformers_on_the_real_target():
+    model, tokenizer = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
+    texts = ["The capital of France is", "def fibonacci(n):",
+             tokenizer.apply_chat_template([{"role": "user", "content": "Explain gravity."}], tokenize=False,
+                                           add_generation_prompt=True)]
+    starts = tokenizer(texts, add_special_tokens=False).input_ids
+    seq, _ = StaticDecoder(model, batch=3, max_len=64).generate(starts, 16)
+    for row, start in zip(seq, starts):
+        expected = model.generate(torch.tensor([start]), max_new_tokens=16, do_sample=False, top_p=None, top_k=None,
+                                  temperature=None, pad_token_id=tokenizer.eos_token_id)[0, len(start):].tolist()
+        assert row[-16:].tolist()[:len(expected)] == expected
