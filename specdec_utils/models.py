@@ -36,7 +36,9 @@ PRESETS = {
     "offline": {"target": TARGET_NAME, "draft": "draft-m", "draft_small": "draft-s",
                 "draft_medium": "draft-m", "ngram": NGRAM_NAME,
                 # notebook 06: Medusa heads trained for this target, and the draft that grows trees
-                "medusa_target": TARGET_NAME, "heads": "medusa-heads", "tree_draft": "draft-s"},
+                "medusa_target": TARGET_NAME, "heads": "medusa-heads", "tree_draft": "draft-s",
+                # notebook 07: the EAGLE head trained for this target
+                "eagle_target": TARGET_NAME, "eagle_head": "eagle-head"},
     "colab-gpu": {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
                   "draft": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_small": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -45,6 +47,7 @@ PRESETS = {
                   # our heads and drafts fit the 135M model (the same weights as the offline target)
                   "medusa_target": "HuggingFaceTB/SmolLM2-135M-Instruct", "heads": "medusa-heads",
                   "tree_draft": "draft-s",
+                  "eagle_target": "HuggingFaceTB/SmolLM2-135M-Instruct", "eagle_head": "eagle-head",
                   # A second family with its own tokenizer, for comparison.
                   "gpt2_target": "gpt2-medium", "gpt2_draft": "distilgpt2"},
 }

@@ -86,6 +86,19 @@ def test_greedy_eagle_equals_ar(method, gamma, params, layer):
     assert accepted > 5  # a vocabulary of 4: guesses are often right, paths get walked
 
 
+@pytest.mark.parametrize("method", ["eagle-chain", "eagle"])
+def test_greedy_eagle_stops_at_an_eos_inside_a_round(method):
+    target = tiny_target(4, 0)
+    head = random_head(target, 0)
+    ids = torch.tensor([[1, 2, 3, 0]])
+    free_run = generate(target, ids, 30, method="ar").new_token_ids
+    for eos in sorted(set(free_run[3:])):
+        expected = free_run[:free_run.index(eos) + 1]
+        for budget in (30, 2, 1):
+            out = generate(target, ids, budget, method=method, eagle=head, gamma=4, eos_token_id=eos)
+            assert out.new_token_ids == expected[:budget]
+
+
 def test_a_reduced_vocabulary_head_stays_exact_in_greedy():
     target = tiny_target(64, 2)
     head = random_head(target, 1, vocab_ids=torch.arange(3, 40))

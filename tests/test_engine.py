@@ -30,7 +30,10 @@ from conftest import noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SPECULATIVE = [m for m in METHODS if m != "ar"]
+# the EAGLE methods read a Llama's layer features through a head built for it (tests/test_eagle.py has their
+# greedy, end-of-sequence and sampled checks); every other method runs here on both tiny families
+EAGLE = ("eagle-chain", "eagle")
+SPECULATIVE = [m for m in METHODS if m != "ar" and m not in EAGLE]
 
 
 def method_params(method: str, hidden_size: int, reference=None) -> dict:
@@ -224,9 +227,10 @@ def run_method(toy, method, top_p=1.0, gamma=2, **overrides):
 
 
 # ToyLM ignores attention masks and positions, so it cannot verify a tree: the tree methods have their
-# own exactness tests on a tiny Llama (tests/test_tree.py)
+# own exactness tests on a tiny Llama (tests/test_tree.py, tests/test_eagle.py)
 @pytest.mark.stat
-@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("oracle", "greedy", "medusa", "draft-tree")])
+@pytest.mark.parametrize("method", [m for m in METHODS
+                                    if m not in ("oracle", "greedy", "medusa", "draft-tree", *EAGLE)])
 def test_sampled_outputs_follow_the_target_distribution(toy, method):  # detects TV >= 0.049
     """Whole outputs of up to three tokens, jointly: Leviathan et al. 2023, Theorem 3.5, for every
     drafting policy (each decides from the draft's own tokens only)."""

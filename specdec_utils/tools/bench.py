@@ -34,6 +34,7 @@ from transformers.utils import logging as hf_logging
 from .. import report
 from ..compat import full_vocab_config
 from ..core import methods as engine_methods
+from ..core.eagle import EAGLE_NAME, load_eagle
 from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
 from ..core.runner import ModelRunner
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", default="medusa-heads",
                         help="Medusa heads for method medusa: a name under data/models or a folder "
                              "(default: %(default)s)")
+    parser.add_argument("--eagle", default=EAGLE_NAME,
+                        help="the EAGLE head of methods eagle and eagle-chain: a name under data/models or a folder "
+                             "(default: %(default)s)")
     parser.add_argument("--tree-nodes", type=_type(_at_least(1), "an integer >= 1"), default=None,
                         help="tree size cap for medusa and draft-tree (default: the method's, 32)")
     parser.add_argument("--prune", choices=["none", "confidence", "path", "entropy"], default=None,
@@ -207,6 +211,7 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
                          f"{target_vocab} with {len(tokenizer)}; the draft must share the target's tokenizer")
 
 
+EAGLE_METHODS = ("eagle", "eagle-chain")
 FIXED_LENGTH = ("ar", "greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their
 # draft length (`ar` ignores it; its records carry the run's)
 
@@ -270,7 +275,7 @@ def plain_model(model_or_runner):
 
 def run_method(method: str, target, draft, input_ids, max_new_tokens: int, gamma: int,
                temperature: float, top_p: float, seed: int, eos_token_id, pad_token_id,
-               params: dict | None = None, draft_small=None, heads=None) -> GenerationResult:
+               params: dict | None = None, draft_small=None, heads=None, eagle=None) -> GenerationResult:
     """Run one method on one prompt: every method of the engine through `specdec_utils.generate`
     (`greedy` and `oracle` at temperature 0), the `hf-*` ones through Hugging Face's `generate`:
     `hf-assisted` (`assistant_model`, constant `num_assistant_tokens` = gamma, no confidence stop: our
@@ -288,7 +293,7 @@ def run_method(method: str, target, draft, input_ids, max_new_tokens: int, gamma
         return engine_methods.generate(target, input_ids, max_new_tokens, method=method, draft=draft, gamma=gamma,
                                        temperature=0.0 if method in GREEDY_METHODS else temperature, top_p=top_p,
                                        eos_token_id=eos_token_id, generator=torch.Generator().manual_seed(seed),
-                                       params=params, draft_small=draft_small, heads=heads)
+                                       params=params, draft_small=draft_small, heads=heads, eagle=eagle)
     target, draft = plain_model(target), plain_model(draft)
     if method == "hf-prompt-lookup":
         switches = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}
@@ -332,7 +337,7 @@ class Variant:
 def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
                   gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
                   params: dict[str, dict] | None = None, draft_small=None,
-                  drafts: dict | None = None, heads=None, warmup: bool = True) -> list[dict]:
+                  drafts: dict | None = None, heads=None, warmup: bool = True, eagle=None) -> list[dict]:
     """One record per (prompt, method). `methods` holds method names (run with `gamma` and
     `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
     the same state. Each method first runs once, untimed, on the first prompt with the full token
@@ -373,7 +378,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
         variant_draft, variant_small, variant_heads = models_of(variant)
         return run_method(variant.method, target, variant_draft, input_ids, max_new_tokens,
                           gamma=variant.gamma, params=chosen, draft_small=variant_small,
-                          heads=variant_heads, **settings)
+                          heads=variant_heads, eagle=eagle, **settings)
 
     for variant in variants if warmup else []:
         with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
@@ -391,7 +396,9 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
             variant_draft, variant_small, variant_heads = models_of(variant)
             counted = plain_model if variant.method in HF_METHODS else (lambda model: model)  # HF's run the models
             target_calls = ForwardCounter(counted(target))
-            draft_calls = ForwardCounter(variant_heads if variant.method == "medusa" else counted(variant_draft))
+            own_head = variant.method in EAGLE_METHODS  # the head is no module call: the engine counts its steps
+            draft_calls = ForwardCounter(None if own_head else variant_heads if variant.method == "medusa"
+                                         else counted(variant_draft))
             small_calls = ForwardCounter(variant_small if variant.method in engine_methods.HIERARCHICAL else None)
             try:
                 with timer(device) as elapsed, attention_backends(torch.device(device)):
@@ -411,7 +418,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                 "new_token_ids": result.new_token_ids,
                 "text": tokenizer.decode(result.new_token_ids, skip_special_tokens=True),
                 "wall_s": elapsed.seconds, "new_tokens": new_tokens, "target_calls": target_calls.calls,
-                "draft_calls": draft_calls.calls, "small_calls": small_calls.calls,
+                "draft_calls": result.draft_calls if own_head else draft_calls.calls, "small_calls": small_calls.calls,
                 "drafted": result.drafted, "accepted": result.accepted,
                 "gamma": variant.gamma if variant.gamma is not None else engine_methods.default_gamma(variant.method),
                 "temperature": 0.0 if variant.method in GREEDY_METHODS else temperature, "top_p": top_p,
@@ -461,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
         draft = draft_small = None
-        if any(method not in ("ar", "medusa", "hf-prompt-lookup") for method in args.methods):
+        if any(method not in ("ar", "medusa", "hf-prompt-lookup", *EAGLE_METHODS) for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
         for method in engine_methods.TREES:
@@ -476,6 +483,12 @@ def main(argv: list[str] | None = None) -> int:
                 heads = load_heads(args.heads, target)
             except ValueError as err:
                 raise UsageError(f"argument --heads: {err}") from None
+        eagle = None
+        if any(method in EAGLE_METHODS for method in args.methods):
+            try:
+                eagle = load_eagle(args.eagle, target)
+            except ValueError as err:
+                raise UsageError(f"argument --eagle: {err}") from None
         if any(method in engine_methods.HIERARCHICAL for method in args.methods):
             draft_small, small_tokenizer = load(args.draft_small, "--draft-small", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft_small, small_tokenizer, args.target, args.draft_small,
@@ -501,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
                             args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small,
-                            heads=heads)
+                            heads=heads, eagle=eagle)
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,9 @@ def target_pass(target, head: EagleHead, ids, mask):
 
 
 def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size: int, lr: float, max_len: int,
-          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50) -> list[dict]:
+          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50, verbose: bool = True) -> list[dict]:
+    """Train `head` with `recipe` (a `VARIANTS` entry): AdamW on fp32 master weights, the schedule and budget of
+    `train_draft.train`. Returns the log (every `log_every` steps: loss, per-step agreement, lr, seconds)."""
     device = target.device
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -138,7 +140,8 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
             entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": opt.param_groups[0]["lr"],
                      "seconds": round(time.time() - start, 1)}
             log.append(entry)
-            print(json.dumps(entry), flush=True)
+            if verbose:
+                print(json.dumps(entry), flush=True)
         if last:
             break
     head.trained_steps = step + 1
