@@ -128,6 +128,17 @@ def test_sampled_eagle_is_exact_over_whole_outputs(small_vocab, method, params):
 
 
 @pytest.mark.stat
+@pytest.mark.parametrize("method,params", [("eagle-chain", {}), ("eagle", {"width": 2, "tree_nodes": 6})])
+def test_a_reduced_vocabulary_head_samples_exactly(small_vocab, method, params):
+    """q is zero outside the draft vocabulary (tokens 0, 1, 3 here): the residual must supply token 2."""
+    target, _, prompt, exact = small_vocab
+    head = random_head(target, 7, vocab_ids=torch.tensor([0, 1, 3]))
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method=method, eagle=head, gamma=3,
+                                               temperature=1.0, generator=g, params=params).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.stat
 def test_planted_bug_chain_verified_against_the_wrong_q_fails(small_vocab, monkeypatch):
     """A chain drawn from the head's distribution q but verified as if drawn from the uniform one: accepted
     with min(1, 4p) instead of min(1, p/q). (Handing it over as one-hot would *not* be a bug: a token

@@ -20,9 +20,10 @@ the other):
 - **EAGLE-3** (`layer="eagle3"`, `features=(2, N//2, N-3)`): features fused from a low, a middle and a
   high layer (the residual stream *entering* those layers, pre-norm), `fc` (3H -> H, no bias) gives the
   residual; the attention's q/k/v read `[norm(embedding); norm(residual)]` (2H); an output norm of its
-  own; a reduced draft vocabulary (`vocab_ids`: the tokens the target writes most, rows of the frozen
-  lm_head, so they cost no stored weights); soft cross-entropy only, over `ttt` unrolled steps in which
-  the head reads its own outputs ("training-time test", SafeAILab/EAGLE `eagle/traineagle3/cnets.py`).
+  own; a reduced draft vocabulary (`vocab_ids`: the tokens the target writes most; EAGLE-3 trains an lm_head
+  of its own over them, here the head borrows those rows of the target's frozen lm_head, so they cost no
+  stored weights); soft cross-entropy only, over `ttt` unrolled steps in which the head reads its own outputs
+  ("training-time test", SafeAILab/EAGLE `eagle/traineagle3/cnets.py`).
 
 Layer index N (the number of target layers) means the final norm's input. Positions: entry t sits at
 RoPE position t; a drafted entry d steps after the last committed one at position t + d, and it attends

@@ -16,12 +16,12 @@ AdamW (betas 0.9, 0.95), linear warm-up then cosine decay to 10% (`train_draft.l
 0.5 (EAGLE's), bf16 autocast on CUDA; a time budget per variant. After training, each head is measured on
 the target's greedy continuations of the held-out prompts: first-token agreement and the chain's tau at
 gamma 4 and 6, simulated exactly from one unrolled forward (greedy: a drafted chain is accepted up to its
-first mismatch; step k of the unrolled forward *is* the k-th drafted step when the earlier ones were right).
+first mismatch; step k of the unrolled forward, counting from 0, *is* draft k + 1 when the earlier ones were right).
 
     python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cuda --variants eagle3 \
-        --time-budget-s 480 --out data/models/eagle-head                      # the shipped head (H100)
+        --time-budget-s 330 --out data/models/eagle-head                      # the shipped head (H100)
     python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cuda \
-        --variants eagle1,eagle3-layer,fused,ttt,eagle3 --time-budget-s 100 --ablation ablation.json
+        --variants eagle1,eagle3-layer,fused,ttt,eagle3 --time-budget-s 88 --eval-prompts 88 --ablation ablation.json
     python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cpu --variants eagle3 --steps 5 \
         --batch-size 2 --max-len 64 --eval-prompts 4 --out /tmp/head           # a CPU smoke run
 """
