@@ -35,14 +35,23 @@ run: setup
 lint: setup
 	$(PY) -m ruff check specdec_utils tests
 
+# Tests run in TEST_WORKERS processes (pytest-xdist), each with its share of the cores as torch threads: most tests
+# run tiny models whose time is per-op overhead on one thread, so two processes on two cores finish in about half
+# the time. nbval keeps each notebook's cells in order in one kernel (--dist loadscope: a notebook is one scope).
+TEST_WORKERS ?= 2
+TEST_THREADS = $(shell $(PY) -c "import os; print(max(1, (os.cpu_count() or 1) // $(TEST_WORKERS)))")
+
 test: lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25 tests
-	HF_HUB_OFFLINE=1 SPECDEC_QUICK=1 SPECDEC_NO_PROGRESS=1 $(PY) -m pytest -q --nbval --nbval-current-env \
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) \
+	  --dist worksteal tests
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) SPECDEC_QUICK=1 SPECDEC_NO_PROGRESS=1 $(PY) -m pytest -q \
+	  -n $(TEST_WORKERS) --dist loadscope --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS)
 
 # without the tests marked slow: those that load the real 135M target (tests/conftest.py refuses it elsewhere)
 test-fast: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" tests
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal \
+	  -m "not slow" tests
 
 clean-venv:
 	rm -rf $(VENV)

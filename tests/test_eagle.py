@@ -1,7 +1,10 @@
 """EAGLE heads (notebook 07): the training forward equals the decode-time forward, greedy `eagle-chain` and
 `eagle` equal `ar`, sampled ones are exact (with a planted bug that fails), saving, loading and errors."""
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from specdec_utils import generate
 from specdec_utils.core import eagle
@@ -189,3 +192,30 @@ def test_eagle_methods_refuse_bad_input():
         eagle.eagle_head_for(target, features=(0, 9))
     with pytest.raises(ValueError, match="width"):
         generate(target, ids, 5, method="eagle", eagle=eagle.eagle_head_for(target), params={"width": 0})
+
+
+def test_train_eagle_cli_trains_saves_and_goes_on_from_a_saved_head(tmp_path, capsys):
+    from specdec_utils.tools import train_eagle, write_corpus
+    corpus = tmp_path / "corpus.pt"
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "60", "--batch", "4",
+                              "--new-tokens", "12", "--out", str(corpus), "--mix", "code=1"]) == 0
+    common = ["--corpus", str(corpus), "--target", "tiny-llama", "--device", "cpu", "--batch-size", "2",
+              "--max-len", "24", "--eval-prompts", "2", "--variants", "eagle3"]
+    assert train_eagle.main([*common, "--steps", "2", "--out", str(tmp_path / "a")]) == 0
+    assert train_eagle.main([*common, "--steps", "1", "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a")]) == 0
+    first = json.loads((tmp_path / "a" / "config.json").read_text())
+    second = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert first["trained_steps"] == 2 and second["trained_steps"] == 3 and second["log"]["steps"] == 1
+    assert second["log"]["continued_from"]["trained_steps"] == 2 and "curve" in second["log"]["continued_from"]
+    a = load_file(str(tmp_path / "a" / "head.safetensors"))
+    b = load_file(str(tmp_path / "b" / "head.safetensors"))
+    assert torch.equal(a["vocab_ids"], b["vocab_ids"])
+    assert any(not torch.equal(a[k], b[k]) for k in a if k != "vocab_ids")
+    capsys.readouterr()
+    for argv, message in (([*common, "--init", str(tmp_path)], "--init: one variant and a folder"),
+                          ([*common[:-1], "eagle1,eagle3", "--init", str(tmp_path / "a")], "--init: one variant")):
+        with pytest.raises(SystemExit):
+            train_eagle.parse_args(argv)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="not trained with the 'eagle1' recipe"):
+        train_eagle.main([*common[:-1], "eagle1", "--steps", "1", "--init", str(tmp_path / "a")])

@@ -19,6 +19,7 @@ from specdec_utils.core.engine import forward_uncached
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.core.runner import ModelRunner, new_cache
 from specdec_utils.core.static_cache import StaticKVCache
+from specdec_utils.models import tiny_model
 
 from conftest import noisy_copy, random_model, random_prompt
 
@@ -262,12 +263,27 @@ def test_the_bench_counts_the_forwards_of_its_runners(pair):
     assert plain["hf-assisted"]["target_calls"] > 0 and not plain["ar"]["cuda_graphs"]
 
 
-def test_engine_bench_refuses_without_a_gpu():
+@pytest.mark.parametrize("tool", ["engine_bench", "step_bench"])
+def test_gpu_benchmarks_refuse_without_a_gpu(tool):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    out = subprocess.run([sys.executable, "-m", "specdec_utils.tools.engine_bench"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", f"specdec_utils.tools.{tool}"], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("engine_bench: needs a CUDA GPU")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"{tool}: needs a CUDA GPU")
+
+
+def test_plain_decoder_step_as_the_step_benchmark_runs_it_matches_the_model():
+    """step_bench times the plain-torch decoder's forward at a cache length: on the CPU, the same call gives the
+    model's own logits for the fed tokens (the benchmark also records the compiled step's difference from it)."""
+    from specdec_utils.tools.write_corpus import StaticDecoder
+    model = tiny_model("tiny-llama", vocab_size=256, seed=0).eval()
+    ids = torch.randint(0, 256, (1, 21), generator=torch.Generator().manual_seed(0))
+    dec = StaticDecoder(model, batch=1, max_len=64, graphs=False)
+    with torch.no_grad():
+        dec.prefill([ids[0, :16].tolist()])
+        logits = dec.forward(ids[:, 16:], torch.arange(16, 21), 64)
+        expected = model(ids).logits[0, -1]
+    torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_non_transformers_models_keep_their_own_caches(pair):

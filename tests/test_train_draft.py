@@ -115,8 +115,34 @@ def test_roc_auc_counts_ties_half():
 
 @pytest.mark.parametrize("args, message", [(["--names", "draft-xl"], "unknown draft 'draft-xl'"),
                                            (["--steps", "0"], "--steps must be >= 1"),
-                                           (["--corpus-only"], "--corpus-only needs --corpus")])
+                                           (["--corpus-only"], "--corpus-only needs --corpus"),
+                                           (["--names", "draft-s,draft-m", "--init", "."], "--init: one draft name"),
+                                           (["--names", "draft-s", "--init", "nowhere"], "--init: one draft name")])
 def test_cli_rejects_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_draft.parse_args(args)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_goes_on_training_a_saved_draft(tmp_path):
+    import json
+
+    from specdec_utils.tools import write_corpus
+    corpus = tmp_path / "corpus.pt"
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "60", "--batch", "4",
+                              "--new-tokens", "12", "--out", str(corpus), "--mix", "docs=1"]) == 0
+    common = ["--names", "draft-s", "--target", "tiny-llama", "--device", "cpu", "--corpus", str(corpus),
+              "--batch-size", "2", "--eval-prompts", "2", "--vocab-size", "64"]
+    assert train_draft.main([*common, "--steps", "2", "--out", str(tmp_path / "a")]) == 0
+    assert train_draft.main([*common, "--steps", "1", "--out", str(tmp_path / "b"),
+                             "--init", str(tmp_path / "a" / "draft-s")]) == 0
+    a = ReducedVocabLlamaForCausalLM.from_pretrained(tmp_path / "a" / "draft-s")
+    b = ReducedVocabLlamaForCausalLM.from_pretrained(tmp_path / "b" / "draft-s")
+    assert torch.equal(a.draft_to_full, b.draft_to_full)
+    assert not torch.equal(a.model.layers[0].mlp.up_proj.weight, b.model.layers[0].mlp.up_proj.weight)
+    log = json.loads((tmp_path / "b" / "draft-s" / "training_log.json").read_text())
+    assert log["continued_from"]["eval"] == json.loads(
+        (tmp_path / "a" / "draft-s" / "training_log.json").read_text())["eval"]
+    with pytest.raises(SystemExit, match="is not draft-m's"):
+        train_draft.main([*common[:1], "draft-m", *common[2:], "--steps", "1", "--out", str(tmp_path / "c"),
+                          "--init", str(tmp_path / "a" / "draft-s")])

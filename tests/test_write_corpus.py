@@ -150,7 +150,14 @@ def test_cli_writes_a_corpus_and_its_log(tmp_path, capsys, monkeypatch):
     assert sum(log["rows_per_kind"].values()) == len(corpus) and log["dropped_for_eval"] == 0
     assert all(2 <= len(row["ids"]) - row["prompt_len"] <= 8 for row in corpus)
     assert "tokens/s" in capsys.readouterr().out
+    assert log["mix"] == write_corpus.BATCH_KINDS and set(log["seconds_per_phase"]) == {"starts", "generate"}
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "30", "--batch", "4",
+                              "--new-tokens", "8", "--out", str(out), "--mix", "code=1,docs=0"]) == 0
+    assert set(load_corpus(out).kind.tolist()) == {write_corpus.KINDS.index("code")}
     for argv, message in ((["--batch", "0"], "--batch must be >= 1"),
+                          (["--mix", "poems=1"], "--mix: shares >= 0"),
+                          (["--mix", "code"], "--mix: comma-separated"),
+                          (["--mix", "code=0"], "--mix: shares >= 0"),
                           (["--sampled-fraction", "2"], "--sampled-fraction must be in"),
                           (["--new-tokens", "1"], "--new-tokens must be >= 2")):
         with pytest.raises(SystemExit):

@@ -313,9 +313,24 @@ def runtimes_table() -> str:
     return "\n".join(rows)
 
 
+def step_gpu_table() -> str:
+    """One target step four ways (tools/step_bench): kernels, ms (median, min-max), against the bandwidth floor."""
+    run = _load("step_gpu_h100.json")
+    rows = [f"{run['device']}, {run['dtype']}, torch {run['torch']}, transformers {run['transformers']}, "
+            f"{run['date']}; cache {run['steps'][0]['cache_len']} tokens, {run['repeats']} runs of {run['iters']} "
+            f"steps; bandwidth floor {run['floor_ms']:.3f} ms ({run['weight_bytes'] / 1e6:.0f} MB of weights at "
+            f"{run['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s):", "",
+            "| one target step | tokens | kernels | ms (median, min-max) |", "|---|---|---|---|"]
+    for s in run["steps"]:
+        timing = (f"{s['median_ms']:.2f} ({s['min_ms']:.2f}-{s['max_ms']:.2f})" if "error" not in s
+                  else f"failed: {s['error'][:80]}")
+        rows.append(f"| {s['way']} | {s['tokens']} | {s.get('kernels', '-')} | {timing} |")
+    return "\n".join(rows)
+
+
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
-          "engine-gpu": engine_gpu_table, "tree-attention": tree_attention_table,
+          "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 
 

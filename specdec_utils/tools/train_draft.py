@@ -159,7 +159,8 @@ def make_draft(name: str, target, vocab_ids: torch.Tensor) -> ReducedVocabLlamaF
         _, _, v = torch.linalg.svd(centered, full_matrices=False)
         proj = centered @ v[:config.hidden_size].T
         proj = proj / proj.std() * config.initializer_range * 2
-        draft.get_input_embeddings().weight[:-1] = proj
+        draft.get_input_embeddings().weight[:-1] = 0  # fewer tokens than dimensions: the rest stay 0
+        draft.get_input_embeddings().weight[:-1, :proj.shape[1]] = proj
         draft.get_input_embeddings().weight[-1] = 0
     return draft
 
@@ -354,6 +355,9 @@ def parse_args(argv=None):
     ap.add_argument("--corpus", type=Path, default=None, help="cache the corpus here (reused if present)")
     ap.add_argument("--corpus-only", action="store_true", help="write --corpus and stop (train later, reusing it)")
     ap.add_argument("--out", type=Path, default=MODELS_DIR)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="go on training the saved draft in this folder (one name, its shape and vocabulary), "
+                         "e.g. data/models/draft-m")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     names = args.names.split(",")
@@ -365,6 +369,10 @@ def parse_args(argv=None):
             ap.error(f"--{arg.replace('_', '-')} must be >= 1, got {getattr(args, arg)}")
     if args.corpus_only and not args.corpus:
         ap.error("--corpus-only needs --corpus PATH (where to write the corpus)")
+    if args.init is not None and (len(names) != 1 or names[0] == NGRAM_NAME
+                                  or not (args.init / "config.json").exists()):
+        ap.error(f"--init: one draft name (not ngram) and a folder with a saved draft; got --names {args.names} "
+                 f"and --init {args.init}")
     args.names = names
     return args
 
@@ -468,7 +476,18 @@ def main(argv=None):
     heldout = heldout_batch(target, tokenizer, [eval_rows[i] for i in pick], [continuations[i] for i in pick])
     for name in args.names:
         seed_everything(args.seed)
-        draft = make_draft(name, target, vocab)
+        if args.init:  # go on from a saved draft: its shape and vocabulary
+            draft = ReducedVocabLlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+            shape = {k: getattr(draft.config, k) for k in DRAFT_SHAPES[name]}
+            if shape != DRAFT_SHAPES[name]:
+                raise SystemExit(f"--init {args.init}: that draft's shape {shape} is not {name}'s")
+            before = json.loads((args.init / "training_log.json").read_text()) if (
+                args.init / "training_log.json").exists() else {}
+            before = {k: before.get(k) for k in ("command", "corpus_tokens", "eval")}
+            vocab = draft.draft_to_full.cpu()
+            coverage = torch.isin(cont, vocab).float().mean().item()
+        else:
+            draft, before = make_draft(name, target, vocab), None
         log = train(draft, target, corpus, args.steps, args.batch_size, args.lr, seed=args.seed,
                     time_budget_s=args.train_budget_s, heldout=heldout)
         draft = draft.to(dtype=torch.bfloat16)
@@ -481,7 +500,7 @@ def main(argv=None):
                   "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
                   "parameters": sum(p.numel() for p in draft.parameters()),
                   "device": torch.cuda.get_device_name() if dtype == torch.bfloat16 else "cpu",
-                  "eval": metrics, "log": log}
+                  "eval": metrics, "log": log, **({"continued_from": before} if before is not None else {})}
         (out / "training_log.json").write_text(json.dumps(record, indent=1))
     return 0
 

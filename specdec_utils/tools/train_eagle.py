@@ -225,6 +225,9 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts to measure on (0 = all)")
     ap.add_argument("--out", type=Path, default=None, help="save the (last) head here, e.g. data/models/eagle-head")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="go on training this saved head (one variant: the head's own recipe), "
+                         "e.g. data/models/eagle-head")
     ap.add_argument("--ablation", type=Path, default=None, help="write every variant's measurements here (JSON)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -232,6 +235,9 @@ def parse_args(argv=None):
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         ap.error(f"argument --variants: unknown variant {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
+    if args.init is not None and (len(args.variants) != 1 or not (args.init / "head.safetensors").exists()):
+        ap.error(f"--init: one variant and a folder with head.safetensors (a head saved by train_eagle); got "
+                 f"--variants {','.join(args.variants)} and --init {args.init}")
     return args
 
 
@@ -254,21 +260,36 @@ def main(argv=None):
     for name in args.variants:
         recipe = VARIANTS[name]
         seed_everything(args.seed)
-        head = build_head(target, recipe, vocab_ids)
+        if args.init:  # go on from a saved head: its own layer, features and draft vocabulary
+            from ..core.eagle import load_eagle
+            head = load_eagle(args.init, target)
+            if head.config_dict()["layer"] != recipe["layer"] or (head.vocab_ids is None) != (not recipe["vocab"]):
+                raise SystemExit(f"--init {args.init}: that head was not trained with the {name!r} recipe; "
+                                 f"pick the variant it was trained with")
+            before = {**head.log, "trained_steps": head.trained_steps}  # its log, earlier rounds included
+            if head.vocab_ids is not None:
+                coverage = float(torch.isin(corpus.continuation_tokens(), head.vocab_ids.cpu()).float().mean())
+        else:
+            head, before = build_head(target, recipe, vocab_ids), None
         started = time.time()
         log = train(head, target, corpus, recipe, args.steps, args.batch_size, args.lr, args.max_len,
                     args.seed, args.time_budget_s)
         seconds = time.time() - started
+        round_steps = head.trained_steps
+        if before is not None:
+            head.trained_steps += before["trained_steps"]  # all rounds; "steps" below is this round's
         metrics = evaluate(head, target, tokenizer, eval_rows, continuations)
         print(name, json.dumps(metrics), flush=True)
-        record = {"variant": name, "recipe": recipe, "steps": head.trained_steps, "seconds": round(seconds, 1),
-                  "tokens_seen": head.trained_steps * args.batch_size * args.max_len,
+        record = {"variant": name, "recipe": recipe, "steps": round_steps, "seconds": round(seconds, 1),
+                  "tokens_seen": round_steps * args.batch_size * args.max_len,
                   "parameters": sum(p.numel() for p in head.parameters()), "eval": metrics}
         results.append(record)
         head.log = {"command": command, "device": device, "dtype": str(dtype).replace("torch.", ""),
                     "corpus_tokens": corpus.num_tokens, "corpus_sequences": len(corpus),
                     "vocab_coverage": coverage if recipe["vocab"] else 1.0, "batch_size": args.batch_size,
                     "max_len": args.max_len, "lr": args.lr, **record, "curve": log}
+        if before is not None:
+            head.log["continued_from"] = before
         if args.ablation:
             args.ablation.write_text(json.dumps({"command": command, "device": device, "variants": results,
                                                  "eval_prompts": len(eval_rows)}, indent=1))

@@ -400,17 +400,23 @@ def load_corpus(path) -> TokenCorpus:
 @torch.no_grad()
 def write_corpus(model, tokenizer, tokens: int, batch: int, new_tokens: int, seed: int = 0,
                  sampled_fraction: float = 0.3, time_budget_s: float = float("inf"), graphs: bool = True,
-                 max_start: int = 128) -> TokenCorpus:
-    """Batches until `tokens` continuation tokens are kept or the next batch would pass the budget."""
+                 max_start: int = 128, mix: dict | None = None) -> TokenCorpus:
+    """Batches until `tokens` continuation tokens are kept or the next batch would pass the budget.
+    `mix`: the share of batches of each kind (default `BATCH_KINDS`)."""
+    mix = dict(BATCH_KINDS if mix is None else mix)
+    if set(mix) - set(KINDS) or not sum(mix.values()) > 0 or min(mix.values()) < 0:
+        raise ValueError(f"mix: shares >= 0 of {', '.join(KINDS)}, not all 0; got {mix}")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     decoder = StaticDecoder(model, batch, -(-(max_start + new_tokens) // WINDOW) * WINDOW, graphs)
     starts, eval_prompts = Starts(tokenizer, rng), [r["prompt"] for r in build_prompts("eval")]
     parts, written, dropped, started, last = [], 0, 0, time.time(), 0.0
+    spent = {"starts": 0.0, "generate": 0.0}  # where the time goes: making starts (chat questions included), the rest
     while written < tokens and time.time() - started + last < time_budget_s:
         t0 = time.time()
-        kind = rng.choices(KINDS, weights=list(BATCH_KINDS.values()))[0]
+        kind = rng.choices(KINDS, weights=[mix.get(k, 0) for k in KINDS])[0]
         ids, kinds, opening = starts.make(kind, batch, decoder)
+        spent["starts"] += time.time() - t0
         opening = [min(n, new_tokens // 2) for n in opening]  # short runs: leave room for a continuation
         temperature = [rng.choice((0.7, 1.0)) for _ in ids] if rng.random() < sampled_fraction else [0.0] * len(ids)
         part = write_batch(decoder, tokenizer, [s[-max_start:] for s in ids], kinds, opening, temperature,
@@ -419,14 +425,17 @@ def write_corpus(model, tokenizer, tokens: int, batch: int, new_tokens: int, see
         written += int((part["lengths"] - part["prompt_len"]).sum())
         dropped += part["dropped_for_eval"]
         last, elapsed = time.time() - t0, time.time() - started
+        spent["generate"] = elapsed - spent["starts"]
         print(f"{elapsed:7.1f}s  {written:,} tokens written, {written / elapsed:,.0f} tokens/s "
-              f"({kind}, {MODES[temperature[0] > 0]})", flush=True)
+              f"({kind}, {MODES[temperature[0] > 0]}; {last:.2f}s; starts {spent['starts']:.0f}s, "
+              f"continuations {spent['generate']:.0f}s so far)", flush=True)
     width = max(p["tokens"].shape[1] for p in parts)
     cat = lambda key: torch.cat([p[key] for p in parts])  # noqa: E731
     return TokenCorpus(torch.cat([F.pad(p["tokens"], (0, width - p["tokens"].shape[1]), value=-1) for p in parts]),
                        cat("lengths"), cat("prompt_len"), cat("kind"), cat("mode"),
                        meta={"dropped_for_eval": dropped, "continuation_tokens": written, "seed": seed,
-                             "graphs": decoder.graphs is not None, "max_len": decoder.max_len})
+                             "graphs": decoder.graphs is not None, "max_len": decoder.max_len,
+                             "mix": mix, "seconds_per_phase": {k: round(v, 1) for k, v in spent.items()}})
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -445,6 +454,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-start", type=int, default=128, help="longer starts keep their last tokens")
     ap.add_argument("--sampled-fraction", type=float, default=0.3, help="share of sampled (not greedy) batches")
     ap.add_argument("--time-budget-s", type=float, default=float("inf"), help="stop before passing it")
+    ap.add_argument("--mix", default=",".join(f"{k}={v}" for k, v in BATCH_KINDS.items()),
+                    help="share of batches of each kind, e.g. train=0.5,chat=0.3,opening=0.2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-graphs", action="store_true", help="on CUDA, run decode steps eagerly")
     args = ap.parse_args(argv)
@@ -455,6 +466,12 @@ def parse_args(argv=None):
         ap.error(f"--new-tokens must be >= 2 (rows keep at least 2 continuation tokens), got {args.new_tokens}")
     if not 0 <= args.sampled_fraction <= 1:
         ap.error(f"--sampled-fraction must be in [0, 1], got {args.sampled_fraction}")
+    try:
+        args.mix = {k.strip(): float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
+    except ValueError:
+        ap.error(f"--mix: comma-separated kind=share pairs, kinds from {', '.join(KINDS)}; got {args.mix!r}")
+    if set(args.mix) - set(KINDS) or not sum(args.mix.values()) > 0 or min(args.mix.values()) < 0:
+        ap.error(f"--mix: shares >= 0 (not all 0) of the kinds {', '.join(KINDS)}; got {args.mix}")
     if not args.time_budget_s > 0:
         ap.error(f"--time-budget-s must be > 0, got {args.time_budget_s}")
     if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -469,7 +486,7 @@ def main(argv=None):
     model, tokenizer = load_model(args.target, device=device, dtype=dtype)
     started = time.time()
     corpus = write_corpus(model, tokenizer, args.tokens, args.batch, args.new_tokens, args.seed,
-                          args.sampled_fraction, args.time_budget_s, not args.no_graphs, args.max_start)
+                          args.sampled_fraction, args.time_budget_s, not args.no_graphs, args.max_start, args.mix)
     seconds = time.time() - started
     written = corpus.meta["continuation_tokens"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or device.type
@@ -480,7 +497,7 @@ def main(argv=None):
            "all_tokens": corpus.num_tokens, "seconds": round(seconds, 1), "tokens_per_s": round(written / seconds),
            "rows_per_kind": {k: int((corpus.kind == i).sum()) for i, k in enumerate(corpus.kind_names)},
            "modes": {m: int((corpus.mode == i).sum()) for i, m in enumerate(corpus.mode_names)},
-           **{k: corpus.meta[k] for k in ("dropped_for_eval", "graphs", "max_len", "seed")}}
+           **{k: corpus.meta[k] for k in ("dropped_for_eval", "graphs", "max_len", "seed", "mix", "seconds_per_phase")}}
     corpus.meta.update(log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     corpus.save(args.out)
