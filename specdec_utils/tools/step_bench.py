@@ -81,15 +81,14 @@ class PlainStep:
     replayed from a CUDA graph (`graph()`) or run as is (`eager()`)."""
 
     def __init__(self, target, cache_len: int, n: int, compiled: bool):
-        self.dec = StaticDecoder(target, batch=1, max_len=-(-(cache_len + n) // WINDOW) * WINDOW, graphs=False)
-        self.window = min(self.dec.max_len, -(-(cache_len + n) // WINDOW) * WINDOW)
-        with attention_backends(self.dec.device):
-            self.dec.prefill([torch.randint(0, 1000, (cache_len,)).tolist()])
+        self.window = -(-(cache_len + n) // WINDOW) * WINDOW  # the cache, rounded up to whole windows
+        self.dec = StaticDecoder(target, batch=1, max_len=self.window, graphs=False)
         self.ids = torch.randint(0, 1000, (1, n), device="cuda")
         self.slots = torch.arange(cache_len, cache_len + n, device="cuda")
         self.logits = None
         forward = self.dec.forward
         with attention_backends(self.dec.device):
+            self.dec.prefill([torch.randint(0, 1000, (cache_len,)).tolist()])
             self.reference = forward(self.ids, self.slots, self.window).float()  # plain torch, un-graphed
         self.forward = torch.compile(forward, dynamic=False) if compiled else forward
         self._graph = None

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..core.eagle import EagleHead
+from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
@@ -261,7 +261,6 @@ def main(argv=None):
         recipe = VARIANTS[name]
         seed_everything(args.seed)
         if args.init:  # go on from a saved head: its own layer, features and draft vocabulary
-            from ..core.eagle import load_eagle
             head = load_eagle(args.init, target)
             if head.config_dict()["layer"] != recipe["layer"] or (head.vocab_ids is None) != (not recipe["vocab"]):
                 raise SystemExit(f"--init {args.init}: that head was not trained with the {name!r} recipe; "

@@ -397,6 +397,13 @@ def load_corpus(path) -> TokenCorpus:
     return TokenCorpus.from_rows(data) if isinstance(data, list) else TokenCorpus(**data)
 
 
+def mix_problem(mix: dict) -> str | None:
+    """What is wrong with a batch mix {kind: share}, or None."""
+    if set(mix) - set(KINDS) or not sum(mix.values()) > 0 or min(mix.values()) < 0:
+        return f"shares >= 0 (not all 0) of the kinds {', '.join(KINDS)}; got {mix}"
+    return None
+
+
 @torch.no_grad()
 def write_corpus(model, tokenizer, tokens: int, batch: int, new_tokens: int, seed: int = 0,
                  sampled_fraction: float = 0.3, time_budget_s: float = float("inf"), graphs: bool = True,
@@ -404,8 +411,8 @@ def write_corpus(model, tokenizer, tokens: int, batch: int, new_tokens: int, see
     """Batches until `tokens` continuation tokens are kept or the next batch would pass the budget.
     `mix`: the share of batches of each kind (default `BATCH_KINDS`)."""
     mix = dict(BATCH_KINDS if mix is None else mix)
-    if set(mix) - set(KINDS) or not sum(mix.values()) > 0 or min(mix.values()) < 0:
-        raise ValueError(f"mix: shares >= 0 of {', '.join(KINDS)}, not all 0; got {mix}")
+    if mix_problem(mix):
+        raise ValueError(f"mix: {mix_problem(mix)}")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     decoder = StaticDecoder(model, batch, -(-(max_start + new_tokens) // WINDOW) * WINDOW, graphs)
@@ -470,8 +477,8 @@ def parse_args(argv=None):
         args.mix = {k.strip(): float(v) for k, v in (item.split("=") for item in args.mix.split(","))}
     except ValueError:
         ap.error(f"--mix: comma-separated kind=share pairs, kinds from {', '.join(KINDS)}; got {args.mix!r}")
-    if set(args.mix) - set(KINDS) or not sum(args.mix.values()) > 0 or min(args.mix.values()) < 0:
-        ap.error(f"--mix: shares >= 0 (not all 0) of the kinds {', '.join(KINDS)}; got {args.mix}")
+    if mix_problem(args.mix):
+        ap.error(f"--mix: {mix_problem(args.mix)}")
     if not args.time_budget_s > 0:
         ap.error(f"--time-budget-s must be > 0, got {args.time_budget_s}")
     if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
