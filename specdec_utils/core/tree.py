@@ -66,10 +66,10 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the target pass
-def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: int, dtype, device) -> torch.Tensor:
-    """Additive 4D mask [1, 1, n_new + T - fed, committed + T] for a forward over a sequence of
-    `committed` tokens then the T nodes of `parents`, that feeds the last `n_new` committed tokens
-    and the nodes from `fed` on (what came before is cached)."""
+def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, device) -> torch.Tensor:
+    """Which keys each query of a tree pass sees: bool [n_new + T - fed, committed + T] for a forward over
+    a sequence of `committed` tokens then the T nodes of `parents`, that feeds the last `n_new` committed
+    tokens and the nodes from `fed` on (what came before is cached)."""
     T = len(parents)
     rows = n_new + T - fed
     allow = torch.zeros(rows, committed + T, dtype=torch.bool, device=device)
@@ -79,7 +79,14 @@ def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: 
     # tree nodes: the whole committed prefix, their ancestors and themselves
     allow[n_new:, :committed] = True
     allow[n_new:, committed:] = tree_mask(parents.to(device))[fed:]
-    mask = torch.zeros(rows, committed + T, dtype=dtype, device=device)
+    return allow
+
+
+def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: int, dtype, device) -> torch.Tensor:
+    """Additive 4D mask [1, 1, n_new + T - fed, committed + T] of `tree_allowed` (0 where a query sees a
+    key, the dtype's lowest value elsewhere)."""
+    allow = tree_allowed(committed, n_new, parents, fed, device)
+    mask = torch.zeros(allow.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allow, torch.finfo(dtype).min)
     return mask[None, None]
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..core.plain_llama import PlainLlama
 from ..core.runner import attention_backends
 from ..models import default_dtype, load_model
 from ..prompts import build_prompts, format_prompt
@@ -91,33 +92,9 @@ class StaticDecoder:
     """
 
     def __init__(self, model, batch: int, max_len: int, graphs: bool = True):
-        config = model.config
-        rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-        if (config.model_type != "llama" or rope.get("rope_type", rope.get("type", "default")) != "default"
-                or theta is None or config.hidden_act != "silu" or getattr(config, "attention_bias", False)
-                or getattr(config, "mlp_bias", False)):
-            raise ValueError(f"StaticDecoder needs a plain Llama (default rotary embedding, SiLU, no biases); got "
-                             f"model_type={config.model_type!r}, rope={rope}, hidden_act={config.hidden_act!r}")
-        body = model.model
-        self.embed, self.norm = body.embed_tokens.weight.detach(), body.norm.weight.detach()
-        self.head = model.get_output_embeddings().weight.detach()  # the embedding itself when tied
-        self.device, self.dtype = self.embed.device, self.embed.dtype
-        self.batch, self.max_len, self.eps = batch, max_len, config.rms_norm_eps
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.layers = [tuple(w.detach() for w in (
-            layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-            a.o_proj.weight, layer.post_attention_layernorm.weight,
-            torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight))
-            for layer in body.layers for a, m in [(layer.self_attn, layer.mlp)]]
-        inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, device=self.device).float() / self.head_dim)
-        angles = torch.arange(max_len, device=self.device).float()[:, None] * inv_freq[None]
-        angles = torch.cat([angles, angles], -1)
-        self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
-        self.keys = torch.zeros(len(self.layers), batch, self.kv_heads, max_len, self.head_dim,
-                                dtype=self.dtype, device=self.device)
-        self.values = torch.zeros_like(self.keys)
+        self.core = core = PlainLlama(model, batch, max_len)  # the weights, the cache and the layers' arithmetic
+        self.device, self.dtype, self.batch, self.max_len = core.device, core.dtype, batch, max_len
+        self.heads, self.kv_heads, self.head_dim = core.heads, core.kv_heads, core.head_dim
         long = dict(dtype=torch.long, device=self.device)
         self.seq = torch.zeros(batch, max_len, **long)  # starts, then generated tokens
         self.pads = torch.zeros(batch, **long)
@@ -127,36 +104,15 @@ class StaticDecoder:
         self.graphs = {} if graphs and self.device.type == "cuda" else None
         self.pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
 
-    def _rms(self, x, weight):
-        x32 = x.float()
-        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
     def forward(self, ids, slots, window: int):
         """Feed `ids` [batch, T] at cache slots `slots` [T] (a device tensor), writing their keys and
         values there and attending over slots 0..window-1; return the last position's logits."""
-        B, T = ids.shape
-        H, KV, D = self.heads, self.kv_heads, self.head_dim
         positions = (slots[None] - self.pads[:, None]).clamp_min(0)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         keys = torch.arange(window, device=ids.device)
         mask = ((keys >= self.pads[:, None, None]) & (keys <= slots[:, None])) | (keys == slots[:, None])
-        # a pad query sees itself only (finite, never seen by real rows); G = H // KV query heads share a
-        # key/value head: they become G * T query rows of it, so the cache is read once, never copied
-        mask = mask[:, None, None].expand(B, 1, H // KV, T, window).reshape(B, 1, -1, window)
-        x = self.embed[ids]
-        for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
-            heads = F.linear(self._rms(x, norm1), qkv).view(B, T, H + 2 * KV, D).transpose(1, 2)
-            qk = heads[:, :H + KV]  # queries and keys rotate together: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-            qk = qk * cos + torch.cat([-qk[..., D // 2:], qk[..., :D // 2]], -1) * sin
-            q = qk[:, :H]
-            self.keys[i].index_copy_(2, slots, qk[:, H:])
-            self.values[i].index_copy_(2, slots, heads[:, H + KV:])
-            att = F.scaled_dot_product_attention(q.reshape(B, KV, -1, D), self.keys[i][:, :, :window],
-                                                 self.values[i][:, :, :window], attn_mask=mask)
-            x = x + F.linear(att.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D), o)
-            gate, up = F.linear(self._rms(x, norm2), gate_up).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, down)
-        return F.linear(self._rms(x[:, -1], self.norm), self.head)
+        # a pad query sees itself only (finite, never seen by real rows)
+        x, _ = self.core.body(ids, positions, slots, mask, window)
+        return self.core.logits(x[:, -1])
 
     def prefill(self, starts: list[list[int]]) -> tuple[torch.Tensor, int]:
         """Left-pad `starts` (`batch` rows) to the longest, P tokens, write them at slots 0..P-1 and

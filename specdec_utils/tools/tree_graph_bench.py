@@ -1,0 +1,159 @@
+"""Token trees replayed from CUDA graphs on the GPU: are they lossless, and how fast is every method then? (GPU only)
+
+    python -m specdec_utils.tools.tree_graph_bench --part identity --out data/bench/tree_graph_identity_h100.json
+    python -m specdec_utils.tools.tree_graph_bench --part board --repeats 2 --out data/bench/tree_graph_h100.json
+
+`--part identity` (float32): every tree method (and the chains) with the target on `PlainRunner` (graphed, and
+compiled with `--compile`) against the same method on transformers' eager forward, prompt by prompt: the
+new tokens must be the same (and equal to the target alone's).
+
+`--part board` (bfloat16, greedy): the held-out prompts, every method through the graphed (compiled) plain
+runner, beside the course's graphed engine step (`ModelRunner(graphs=True)`, notebook 09) for `ar` and the
+greedy chain; each configuration repeated `--repeats` times, every repeat its own paired speedups over the
+same run's `ar` (bootstrap over prompts). Every graph (each budget of tokens) is recorded, and compiled,
+before the first timed prompt: the seconds it took are in the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+import time
+
+import torch
+import transformers
+
+from .. import report
+from ..core.eagle import EAGLE_NAME, load_eagle
+from ..core.medusa import load_heads
+from ..core.methods import generate
+from ..core.plain_llama import PlainRunner
+from ..core.runner import ModelRunner
+from ..models import load_model
+from ..prompts import build_prompts, format_prompt
+from .bench import run_benchmark
+
+TREE_METHODS = ("medusa", "draft-tree", "eagle")
+CHAIN_METHODS = ("greedy", "eagle-chain")
+
+
+def _runners(target, draft, eagle, capacity: int, compiled: bool):
+    t0 = time.perf_counter()
+    record = target.device.type == "cuda"  # a CPU smoke run: the padded step, unrecorded
+    target_runner = PlainRunner(target, graphs=True, compile=compiled, capacity=capacity, taps=eagle.target_hidden,
+                                record=record)
+    target_runner.prepare()
+    t1 = time.perf_counter()
+    draft_runner = PlainRunner(draft, graphs=True, compile=compiled, capacity=capacity, record=record)
+    draft_runner.prepare()
+    t2 = time.perf_counter()
+    return target_runner, draft_runner, {"target_prepare_s": t1 - t0, "draft_prepare_s": t2 - t1,
+                                         "budgets": list(target_runner.budgets)}
+
+
+def identity(args, tokenizer, rows) -> dict:
+    """float32: each method graphed vs eager, prompt by prompt."""
+    target, _ = load_model(args.target, device=args.device, dtype=torch.float32)
+    draft, _ = load_model(args.draft, device=args.device, dtype=torch.float32)
+    heads, eagle = load_heads(args.heads, target), load_eagle(args.eagle, target)
+    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
+    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 80
+    target_runner, draft_runner, prep = _runners(target, draft, eagle, capacity, args.compile)
+    methods = ("ar", *CHAIN_METHODS, *TREE_METHODS)
+    out = {"prompts": len(rows), "methods": {m: {"same_as_eager": 0, "same_as_ar": 0} for m in methods}, **prep}
+    kwargs = dict(eos_token_id=tokenizer.eos_token_id, heads=heads, eagle=eagle)
+    for ids in encoded:
+        eager_ar = generate(target, ids, args.max_new_tokens, method="ar", **kwargs).new_token_ids
+        for method in methods:
+            eager = eager_ar if method == "ar" else generate(target, ids, args.max_new_tokens, method=method,
+                                                              draft=draft, **kwargs).new_token_ids
+            graphed = generate(target_runner, ids, args.max_new_tokens, method=method, draft=draft_runner,
+                               **kwargs).new_token_ids
+            out["methods"][method]["same_as_eager"] += graphed == eager
+            out["methods"][method]["same_as_ar"] += graphed == eager_ar
+        print(json.dumps(out["methods"]), flush=True)
+    out["replays"], out["forwards"] = target_runner.replays, target_runner.forwards
+    return out
+
+
+def board(args, tokenizer, rows) -> dict:
+    """bfloat16, greedy: every method graphed and compiled, beside the engine's graphed step."""
+    target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
+    draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
+    heads, eagle = load_heads(args.heads, target), load_eagle(args.eagle, target)
+    lengths = [len(tokenizer(format_prompt(tokenizer, row)).input_ids) for row in rows]
+    capacity = max(lengths) + args.max_new_tokens + 80
+    target_runner, draft_runner, prep = _runners(target, draft, eagle, capacity, args.compile)
+    record = args.device == "cuda"
+    engine_target = ModelRunner(target, graphs=True, capacity=capacity, record=record)
+    engine_draft = ModelRunner(draft, graphs=True, capacity=capacity, record=record)
+    methods = [m for m in args.methods.split(",")]
+    out = {**prep, "repeats": [], "records": []}
+    common = dict(max_new_tokens=args.max_new_tokens, gamma=args.gamma, temperature=0.0, top_p=1.0, seed=0,
+                  dtype_name="bfloat16", device=args.device, heads=heads, eagle=eagle)
+    for repeat in range(args.repeats):
+        records = []
+        for label, t, d, chosen in (("plain, compiled" if args.compile else "plain", target_runner, draft_runner,
+                                     methods),
+                                    ("engine", engine_target, engine_draft, ["ar", "greedy"])):
+            got = run_benchmark(t, d, tokenizer, rows, chosen, **common)
+            for r in got:
+                r["runner"], r["repeat"] = label, repeat
+                if label == "engine":
+                    r["method"] = f"{r['method']} (engine)"
+                r.pop("text", None)
+            records += got
+        summary = report.summarize(records, "ar")
+        out["repeats"].append([{k: dataclasses.asdict(v) if isinstance(v, report.Estimate) else v
+                                for k, v in row.items()} for row in summary])
+        for row in summary:
+            print(f"repeat {repeat} {row['method']:>18}: {row['tok_per_s']:7.1f} tok/s, {row['speedup']:.2f}x, "
+                  f"tau {row['tau'] or 0:.2f}", flush=True)
+        out["records"] += records
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=["identity", "board"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default="draft-m")
+    ap.add_argument("--heads", default="medusa-heads")
+    ap.add_argument("--eagle", default=EAGLE_NAME)
+    ap.add_argument("--prompts", type=int, default=0, help="the first N held-out prompts (0: all)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a smoke run of the same code (the padded step unrecorded, nothing compiled)")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        args.compile = False
+    elif not torch.cuda.is_available():
+        ap.exit(2, "tree_graph_bench: needs a CUDA GPU (the committed JSON is the H100 run)\n")
+    rows = build_prompts("eval")
+    rows = rows[:args.prompts] if args.prompts else rows
+    _, tokenizer = load_model(args.target, device="cpu", dtype=torch.float32)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        result = (identity if args.part == "identity" else board)(args, tokenizer, rows)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    result.update({"part": args.part, "device": device, "date": datetime.date.today().isoformat(),
+                   "torch": torch.__version__, "transformers": transformers.__version__, "compiled": args.compile,
+                   "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "wall_s": time.perf_counter() - t0,
+                   "command": "python -m specdec_utils.tools.tree_graph_bench "
+                   + " ".join(sys.argv[1:] if argv is None else argv)})
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=None if args.part == "board" else 1)
+    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
