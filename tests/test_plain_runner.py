@@ -157,8 +157,9 @@ def test_sampled_eagle_tree_through_the_padded_step_is_exact():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_recorded_graphs_replay_the_padded_step():
-    target = untied_target(64, 6).cuda()
-    draft = noisy_copy(target.cpu(), noise=0.02, seed=1).cuda()
+    target = untied_target(64, 6)
+    draft = noisy_copy(target, noise=0.02, seed=1).cuda()
+    target = target.cuda()
     ids = torch.randint(3, 64, (1, 9), generator=torch.Generator().manual_seed(3)).cuda()
     reference = generate(target, ids, 40, method="ar").new_token_ids
     runner, draft_runner = PlainRunner(target, graphs=True), PlainRunner(draft, graphs=True)

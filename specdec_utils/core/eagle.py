@@ -296,24 +296,38 @@ def load_eagle(name_or_path, target) -> EagleHead:
 
 # --------------------------------------------------------------------------- decode time
 class _HeadCache:
-    """The head's own keys and values [nkv, capacity, d] (batch 1), grown in chunks; `length` entries valid."""
+    """The head's own keys and values [nkv, capacity, d] (batch 1), preallocated and grown by doubling; the
+    first `length` entries are valid. A step writes its entries at slots length..length+n-1 (`write`)."""
 
     def __init__(self):
         self.k = self.v = None
         self.length = 0
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = k.shape[-2]
-        if self.k is None or self.length + n > self.k.shape[-2]:
-            capacity = max(256, 2 * (self.length + n))
-            grown_k = k.new_zeros(k.shape[0], capacity, k.shape[-1])
-            grown_v = torch.zeros_like(grown_k)
-            if self.k is not None:
-                grown_k[:, :self.length], grown_v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
-            self.k, self.v = grown_k, grown_v
-        self.k[:, self.length:self.length + n], self.v[:, self.length:self.length + n] = k, v
-        self.length += n
-        return self.k[:, :self.length], self.v[:, :self.length]
+    def reserve(self, head, needed: int) -> bool:
+        """Room for `needed` entries; True when the buffers were replaced (graphs recorded on them are stale)."""
+        if self.k is not None and needed <= self.k.shape[-2]:
+            return False
+        capacity = max(256, 2 * needed)
+        weight = head.k.weight
+        grown_k = weight.new_zeros(head.n_kv, capacity, head.head_dim)
+        grown_v = torch.zeros_like(grown_k)
+        if self.k is not None:
+            grown_k[:, :self.length], grown_v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
+        self.k, self.v = grown_k, grown_v
+        return True
+
+
+class _HeadGraph:
+    """A step of `budget` entries recorded as a CUDA graph: static inputs, outputs (h, logits)."""
+
+    def __init__(self, budget: int, width: int, capacity: int, device, dtype):
+        self.features = torch.zeros(budget, width, device=device, dtype=dtype)
+        self.ints = torch.zeros(3, budget, dtype=torch.long, device=device)  # tokens, positions, slots
+        self.mask = torch.zeros(budget, capacity, dtype=torch.bool, device=device)
+        self.graph, self.outputs = None, None
+
+
+GRAPH_BUDGETS = (1, 2, 4, 8, 16, 32)
 
 
 class EagleProposer:
@@ -326,12 +340,19 @@ class EagleProposer:
     (expand by the head's confidence, then keep the `tree_nodes` best nodes overall by path probability,
     EAGLE-2's expand-and-rerank). Tree nodes are top-k guesses (deterministic), so sampled verification
     stays exact (one-hot q); a sampled chain draws from the head's warped distribution (rejection
-    sampling). The first round has no features yet and proposes nothing."""
+    sampling). The first round has no features yet and proposes nothing.
+
+    The tree is grown on the device: each level's scores, top-k and frontier are tensor operations, and the
+    host reads the tree once per round. On a CUDA GPU (`graphs`, default there) every head step of at most
+    32 entries is padded to a budget and replayed from a CUDA graph (one per budget and input kind)."""
     needs_target_hidden = True
 
-    def __init__(self, head: EagleHead, tree: bool = False):
+    def __init__(self, head: EagleHead, tree: bool = False, graphs: bool | None = None):
         self.head, self.tree = head, tree
+        self.graphs = head.q.weight.device.type == "cuda" if graphs is None else bool(graphs)
         self.cache, self.pending, self.fed = _HeadCache(), None, 0
+        self._graphs: dict = {}
+        self._pool = None
 
     @property
     def target_hidden(self):
@@ -341,24 +362,77 @@ class EagleProposer:
         self.pending = features if self.pending is None else torch.cat([self.pending, features])
 
     def rollback(self, committed: int) -> None:
-        if committed == 0:  # a new generation
-            self.cache, self.pending, self.fed = _HeadCache(), None, 0
+        if committed == 0:  # a new generation (the buffers and their graphs are kept)
+            self.cache.length, self.pending, self.fed = 0, None, 0
         else:  # drop the round's drafted entries: keep one entry per committed position fed so far
             self.cache.length = min(self.cache.length, self.fed)
+
+    def _layer(self, features, tokens, positions, slots, mask, own: bool):
+        """The head's step on the cache buffers: write the entries' keys and values at `slots`, attend where
+        `mask` [n, window] allows (window = the buffer's first mask.shape[-1] slots)."""
+        head, cache = self.head, self.cache
+        x, r = head.inputs(features, tokens, own)
+        q, k, v = head.qkv(x, positions)
+        cache.k.index_copy_(1, slots, k)
+        cache.v.index_copy_(1, slots, v)
+        window, group = mask.shape[-1], head.n_heads // head.n_kv
+        attended = F.scaled_dot_product_attention(q[None], cache.k[:, :window].repeat_interleave(group, 0)[None],
+                                                  cache.v[:, :window].repeat_interleave(group, 0)[None],
+                                                  attn_mask=mask[None, None])[0]
+        h = head.finish(attended, r)
+        return h, head.logits(h)
 
     def step(self, features, tokens, positions, allowed, own: bool):
         """Feed entries (features [n, F|H], tokens [n]) at `positions` [n]; `allowed` [n, cached + n] says which
         keys each may attend to. Returns (h [n, H], draft-vocabulary logits [n, V'])."""
-        head = self.head
-        x, r = head.inputs(features, tokens, own)
-        q, k, v = head.qkv(x, positions)
-        keys, values = self.cache.append(k, v)
-        group = head.n_heads // head.n_kv
-        attended = F.scaled_dot_product_attention(q[None], keys.repeat_interleave(group, 0)[None],
-                                                  values.repeat_interleave(group, 0)[None],
-                                                  attn_mask=allowed[None, None])[0]
-        h = head.finish(attended, r)
-        return h, head.logits(h)
+        n, start, device = tokens.shape[0], self.cache.length, tokens.device
+        budget = next((b for b in GRAPH_BUDGETS if b >= n), None) if self.graphs else None
+        if self.cache.reserve(self.head, start + (budget or n) + 1):
+            self._graphs.clear()
+        if budget is None:
+            slots = torch.arange(start, start + n, device=device)
+            h, logits = self._layer(features, tokens, positions, slots, allowed, own)
+        else:
+            h, logits = self._replay(features, tokens, positions, allowed, own, budget)
+        self.cache.length += n
+        return h, logits
+
+    def _replay(self, features, tokens, positions, allowed, own: bool, budget: int):
+        n, start, cache = tokens.shape[0], self.cache.length, self.cache
+        capacity = cache.k.shape[1]
+        key = (budget, own, features.shape[-1], capacity)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = _HeadGraph(budget, features.shape[-1], capacity, features.device,
+                                                   cache.k.dtype)
+        graph.features[n:].zero_()
+        graph.features[:n].copy_(features)
+        graph.ints[0, n:].zero_()
+        graph.ints[0, :n].copy_(tokens)
+        graph.ints[1, :n].copy_(positions)
+        graph.ints[2].copy_(torch.arange(start, start + budget, device=graph.ints.device))  # pads write past
+        mask = graph.mask
+        mask.zero_()
+        mask[:n, :start + n] = allowed
+        pad = torch.arange(n, budget, device=mask.device)
+        mask[pad, start + pad] = True  # a pad entry sees itself only
+
+        def run():
+            return self._layer(graph.features, graph.ints[0], graph.ints[1], graph.ints[2], graph.mask, own)
+        if graph.graph is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                run()  # warm-up: writes the same slots the replay writes
+            torch.cuda.current_stream().wait_stream(stream)
+            graph.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph.graph, pool=self._pool):
+                graph.outputs = run()
+        graph.graph.replay()
+        h, logits = graph.outputs
+        return h[:n].clone(), logits[:n].clone()
 
     def _catch_up(self, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the committed entries the head lacks; return the newest entry's (h [H], logits [V'])."""
@@ -412,59 +486,68 @@ class EagleProposer:
         return Proposal(tokens.new_tensor(drafted), probs, stop, forwards, head.vocab_size)
 
     def _tree(self, tokens, h_root, logits_root, gamma, policy) -> Proposal:
-        head, m, base = self.head, tokens.shape[1] - 1, self.cache.length
+        """EAGLE-2's tree, grown level by level on the device. Candidates are numbered in the order they are
+        made (a level's children parent by parent, each parent's in the head's order); a level's frontier is
+        its `width` best candidates by path score (log-probability of the path; ties: the earlier one), fed in
+        candidate order; the round keeps the `tree_nodes` best candidates overall."""
+        head, m, base, device = self.head, tokens.shape[1] - 1, self.cache.length, h_root.device
         width = policy.width
-        tok, par, score, prob, ent = [], [], [], [], []
-        entry = {}            # candidate -> its row among this round's fed entries
-        fed_parent: list[int] = []   # fed row -> the fed row of its parent (-1: the committed prefix)
-        states = {-1: (h_root, logits_root)}  # candidate -> (h, logits) of the entry that fed it
-        frontier, forwards = [-1], 1
-        for depth in range(1, gamma + 1):
-            level = []
-            for parent in frontier:
-                h, logits = states[parent]
-                logp = torch.log_softmax(logits.float(), -1)
-                frac = float(_entropy_frac(logp))
-                top = logp.topk(min(width, logp.shape[-1]))
-                parent_score = score[parent] if parent >= 0 else 0.0
-                ids = top.indices if head.vocab_ids is None else head.vocab_ids[top.indices]
-                for value, token in zip(top.values.tolist(), ids.tolist()):
-                    level.append(len(tok))
-                    tok.append(token), par.append(parent), score.append(parent_score + value)
-                    prob.append(math.exp(value)), ent.append(frac)
-            if depth == gamma:
-                break
-            frontier = sorted(level, key=lambda c: (-score[c], c))[:width]
-            frontier.sort()
-            # feed the frontier: entry (h of the entry that predicted c, token c) at position m + depth - 1
-            rows = []
-            for c in frontier:
-                parent_row = entry.get(par[c], -1)
-                entry[c] = len(fed_parent)
-                fed_parent.append(parent_row)
-                rows.append(c)
-            n_new, total = len(rows), len(fed_parent)
-            allowed = torch.zeros(n_new, base + total, dtype=torch.bool, device=h_root.device)
-            allowed[:, :base] = True
-            for i, c in enumerate(rows):
-                r = entry[c]
-                while r >= 0:
-                    allowed[i, base + r] = True
-                    r = fed_parent[r]
-            inputs = torch.stack([states[par[c]][0] for c in rows])
-            positions = torch.full((n_new,), m + depth - 1, device=h_root.device)
-            hs, lg = self.step(inputs, tokens.new_tensor([tok[c] for c in rows]), positions, allowed, own=True)
-            for i, c in enumerate(rows):
-                states[c] = (hs[i], lg[i])
+        ids = head.vocab_ids  # a reduced vocabulary's rows -> token ids (None: the full vocabulary)
+        logp = torch.log_softmax(logits_root.float(), -1)[None]              # [1, V']: the root's children
+        top = logp.topk(min(width, logp.shape[-1]))
+        frac = _entropy_frac(logp)
+        w0 = top.indices.shape[1]
+        tok = [top.indices[0] if ids is None else ids[top.indices[0]]]
+        par, score = [torch.full((w0,), -1, device=device)], [top.values[0]]
+        prob, ent = [top.values[0].exp()], [frac.expand(w0)]
+        level_start, count = 0, w0   # this level's candidates are level_start..count-1
+        ancestors = torch.zeros(0, 0, dtype=torch.bool, device=device)  # fed entry -> fed entries it sees
+        fed_of = torch.full((0,), -1, dtype=torch.long, device=device)   # fed entry -> its candidate
+        parents_h, prev_first, forwards = h_root[None], 0, 1  # the last level's fed entries (h), the first's index
+        for depth in range(1, gamma):
+            scores = torch.cat(score)[level_start:count]
+            k = min(width, count - level_start)
+            frontier = level_start + scores.topk(k).indices.sort().values      # candidate ids, in order
+            all_par = torch.cat(par)
+            parent_cand = all_par[frontier]                                    # their parents' candidate ids
+            # the entry that predicted each frontier candidate: the root's (h_root) or a fed entry of the last level
+            if depth == 1:
+                inputs, parent_entry = h_root[None].expand(k, -1), torch.full((k,), -1, device=device)
+            else:
+                position_in_level = (fed_of[:, None] == parent_cand[None]).float().argmax(0)
+                inputs, parent_entry = parents_h[position_in_level - prev_first], position_in_level
+            first = fed_of.shape[0]
+            rows = torch.arange(first, first + k, device=device)
+            grown = torch.zeros(first + k, first + k, dtype=torch.bool, device=device)
+            grown[:first, :first] = ancestors
+            if depth > 1:  # a fed entry sees what its parent sees, and itself
+                grown[rows] = grown[parent_entry]
+            grown[rows, rows] = True
+            ancestors, fed_of = grown, torch.cat([fed_of, frontier])
+            allowed = torch.cat([torch.ones(k, base, dtype=torch.bool, device=device), ancestors[first:]], 1)
+            positions = torch.full((k,), m + depth - 1, device=device)
+            hs, lg = self.step(inputs, torch.cat(tok)[frontier], positions, allowed, own=True)
             forwards += 1
-        nodes, parents = torch.tensor(tok, dtype=torch.long), torch.tensor(par, dtype=torch.long)
+            logp = torch.log_softmax(lg.float(), -1)
+            top = logp.topk(min(width, logp.shape[-1]))                        # [k, w]
+            frac = _entropy_frac(logp)
+            n_children = top.indices.numel()
+            tok.append(top.indices.reshape(-1) if ids is None else ids[top.indices.reshape(-1)])
+            par.append(frontier.repeat_interleave(top.indices.shape[1]))
+            score.append((scores[frontier - level_start][:, None] + top.values).reshape(-1))
+            prob.append(top.values.exp().reshape(-1))
+            ent.append(frac.repeat_interleave(top.indices.shape[1]))
+            parents_h, prev_first = hs, first
+            level_start, count = count, count + n_children
+        tok, par, score, prob, ent = (torch.cat(x).cpu() for x in (tok, par, score, prob, ent))  # one read per round
         keep = torch.ones(len(tok), dtype=torch.bool)
         if len(tok) > policy.tree_nodes:  # the best nodes by path probability (an ancestor scores at least as high)
+            order = sorted(range(len(tok)), key=lambda c: (-float(score[c]), c))[:policy.tree_nodes]
             keep = torch.zeros(len(tok), dtype=torch.bool)
-            keep[sorted(range(len(tok)), key=lambda c: (-score[c], c))[:policy.tree_nodes]] = True
-        keep &= prune_keep(torch.tensor(prob), parents, torch.tensor(ent), policy.prune, policy.threshold)
+            keep[order] = True
+        keep &= prune_keep(prob, par, ent, policy.prune, policy.threshold)
         n_before = len(tok)
-        nodes, parents = subtree(nodes, parents, keep)
+        nodes, parents = subtree(tok, par, keep)
         detail = {"tree_nodes": len(nodes), "pruned": n_before - len(nodes),
                   "tree_depth": int(depths(parents).max()) if len(parents) else 0}
         return Proposal(nodes.to(tokens.device), None, "tree", forwards, head.vocab_size, detail, parents)

@@ -352,9 +352,9 @@ class PlainRunner(ModelRunner):
 
     def _capture(self, graph: _Graph) -> None:
         if self.compiled and self._step is None:
-            import torch._dynamo
-            limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
+            import torch._dynamo.config as dynamo_config
+            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
             self._step = torch.compile(self.core.step, dynamic=False)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
