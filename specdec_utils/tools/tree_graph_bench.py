@@ -39,14 +39,20 @@ TREE_METHODS = ("medusa", "draft-tree", "eagle")
 CHAIN_METHODS = ("greedy", "eagle-chain")
 
 
+# the target's passes: 1 token (ar), a chain of up to 7 (8), a tree of up to 25 or 33 nodes with its root (32, 64);
+# the draft's: 1-2 tokens (a chain), a level of a tree (4), a catch-up after a round (8)
+TARGET_BUDGETS, DRAFT_BUDGETS = (1, 8, 32, 64), (1, 2, 4, 8)
+
+
 def _runners(target, draft, eagle, capacity: int, compiled: bool):
     t0 = time.perf_counter()
     record = target.device.type == "cuda"  # a CPU smoke run: the padded step, unrecorded
     target_runner = PlainRunner(target, graphs=True, compile=compiled, capacity=capacity, taps=eagle.target_hidden,
-                                record=record)
+                                budgets=TARGET_BUDGETS, record=record)
     target_runner.prepare()
     t1 = time.perf_counter()
-    draft_runner = PlainRunner(draft, graphs=True, compile=compiled, capacity=capacity, record=record)
+    draft_runner = PlainRunner(draft, graphs=True, compile=compiled, capacity=capacity, budgets=DRAFT_BUDGETS,
+                               record=record)
     draft_runner.prepare()
     t2 = time.perf_counter()
     return target_runner, draft_runner, {"target_prepare_s": t1 - t0, "draft_prepare_s": t2 - t1,
@@ -112,6 +118,9 @@ def board(args, tokenizer, rows) -> dict:
             print(f"repeat {repeat} {row['method']:>18}: {row['tok_per_s']:7.1f} tok/s, {row['speedup']:.2f}x, "
                   f"tau {row['tau'] or 0:.2f}", flush=True)
         out["records"] += records
+        if args.out:  # after every repeat: a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump({**out, "partial": repeat + 1 < args.repeats}, f)
     return out
 
 
