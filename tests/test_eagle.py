@@ -219,3 +219,71 @@ def test_train_eagle_cli_trains_saves_and_goes_on_from_a_saved_head(tmp_path, ca
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit, match="not trained with the 'eagle1' recipe"):
         train_eagle.main([*common[:-1], "eagle1", "--steps", "1", "--init", str(tmp_path / "a")])
+
+
+def _reference_tree(self, tokens, h_root, logits_root, gamma, policy):
+    """EAGLE-2's tree written node by node (the package's first version): the device-grown tree must equal it."""
+    import math as m_
+
+    from specdec_utils.core.tree import prune_keep, subtree
+    from specdec_utils.core.tree_drafting import _entropy_frac
+    head, m, base, width = self.head, tokens.shape[1] - 1, self.cache.length, policy.width
+    tok, par, score, prob, ent = [], [], [], [], []
+    entry, fed_parent, states, frontier = {}, [], {-1: (h_root, logits_root)}, [-1]
+    for depth in range(1, gamma + 1):
+        level = []
+        for parent in frontier:
+            h, logits = states[parent]
+            logp = torch.log_softmax(logits.float(), -1)
+            frac = float(_entropy_frac(logp))
+            top = logp.topk(min(width, logp.shape[-1]))
+            ids = top.indices if head.vocab_ids is None else head.vocab_ids[top.indices]
+            for value, token in zip(top.values.tolist(), ids.tolist()):
+                level.append(len(tok))
+                tok.append(token), par.append(parent), score.append((score[parent] if parent >= 0 else 0.0) + value)
+                prob.append(m_.exp(value)), ent.append(frac)
+        if depth == gamma:
+            break
+        frontier = sorted(sorted(level, key=lambda c: (-score[c], c))[:width])
+        for c in frontier:
+            entry[c] = len(fed_parent)
+            fed_parent.append(entry.get(par[c], -1))
+        allowed = torch.zeros(len(frontier), base + len(fed_parent), dtype=torch.bool)
+        allowed[:, :base] = True
+        for i, c in enumerate(frontier):
+            r = entry[c]
+            while r >= 0:
+                allowed[i, base + r], r = True, fed_parent[r]
+        hs, lg = self.step(torch.stack([states[par[c]][0] for c in frontier]), torch.tensor([tok[c] for c in frontier]),
+                           torch.full((len(frontier),), m + depth - 1), allowed, own=True)
+        for i, c in enumerate(frontier):
+            states[c] = (hs[i], lg[i])
+    keep = torch.ones(len(tok), dtype=torch.bool)
+    if len(tok) > policy.tree_nodes:
+        keep = torch.zeros(len(tok), dtype=torch.bool)
+        keep[sorted(range(len(tok)), key=lambda c: (-score[c], c))[:policy.tree_nodes]] = True
+    keep &= prune_keep(torch.tensor(prob), torch.tensor(par), torch.tensor(ent), policy.prune, policy.threshold)
+    return subtree(torch.tensor(tok), torch.tensor(par), keep)
+
+
+@pytest.mark.parametrize("vocab_ids, prune", [(None, "none"), (torch.arange(3, 40), "none"), (None, "entropy")])
+def test_the_device_grown_tree_equals_the_node_by_node_one(monkeypatch, vocab_ids, prune):
+    """The proposer grows each level with tensor operations (one host read per round); written node by node,
+    EAGLE-2's expand-and-rerank gives the same nodes and parents, round after round."""
+    target = tiny_target(64, 2)
+    head = random_head(target, 1, vocab_ids=vocab_ids)
+    seen = []
+    original = eagle.EagleProposer._tree
+
+    def both(self, tokens, h_root, logits_root, gamma, policy):
+        length = self.cache.length
+        expected = _reference_tree(self, tokens, h_root, logits_root, gamma, policy)
+        self.cache.length = length  # the reference fed its own entries: drop them
+        proposal = original(self, tokens, h_root, logits_root, gamma, policy)
+        seen.append(proposal.tokens.tolist() == expected[0].tolist()
+                    and proposal.parents.tolist() == expected[1].tolist())
+        return proposal
+    monkeypatch.setattr(eagle.EagleProposer, "_tree", both)
+    generate(target, torch.tensor([[5, 9, 11, 4]]), 40, method="eagle", eagle=head, gamma=5,
+             params={"tree_nodes": 12, "width": 3, "prune": prune, "threshold": 0.05})
+    assert len(seen) > 5 and all(seen)

@@ -127,6 +127,8 @@ def test_runner_refuses_what_it_cannot_run():
     runner.begin(4)
     runner.forward(torch.tensor([[1, 2, 3]]))
     with pytest.raises(ValueError, match="cannot precede a tree pass"):
+        runner.forward_tree(torch.tensor([[1, 2]]), torch.tensor([5, 6]), torch.tensor([-1, -1]))
+    with pytest.raises(ValueError, match="nothing to feed"):
         runner.forward_tree(torch.tensor([[1, 2]]), torch.tensor([5]), chain_parents(1))
     with pytest.raises(ValueError, match="layer indices"):
         runner.forward(torch.tensor([[1, 2, 3, 4]]), hidden=(9,))
@@ -159,11 +161,44 @@ def test_sampled_eagle_tree_through_the_padded_step_is_exact():
 def test_recorded_graphs_replay_the_padded_step():
     target = untied_target(64, 6)
     draft = noisy_copy(target, noise=0.02, seed=1).cuda()
-    target = target.cuda()
+    head = random_head(target, 2)  # made on the CPU (its random offsets are), then moved with the target
+    target, head = target.cuda(), head.cuda()
     ids = torch.randint(3, 64, (1, 9), generator=torch.Generator().manual_seed(3)).cuda()
     reference = generate(target, ids, 40, method="ar").new_token_ids
-    runner, draft_runner = PlainRunner(target, graphs=True), PlainRunner(draft, graphs=True)
-    for method in ("ar", "greedy", "draft-tree", "eagle"):
-        assert generate(runner, ids, 40, method=method, draft=draft_runner, eagle=random_head(target, 2)
-                        ).new_token_ids == reference
-    assert runner.captures > 0
+    runner = PlainRunner(target, graphs=True, taps=head.target_hidden)
+    draft_runner = PlainRunner(draft, graphs=True)
+    for method in ("ar", "greedy", "draft-tree", "eagle-chain", "eagle"):
+        assert generate(runner, ids, 40, method=method, draft=draft_runner, eagle=head).new_token_ids == reference
+    assert runner.captures > 0 and draft_runner.captures > 0
+
+
+@pytest.mark.slow  # the real target and the shipped draft (a reduced vocabulary), on the padded step
+def test_the_gpu_benchmark_cli_checks_identity_on_the_cpu(tmp_path):
+    """`tree_graph_bench --device cpu` runs the identity part's code on the padded (unrecorded) step: every method
+    on the real target, with draft-m's reduced vocabulary, the Medusa heads and the EAGLE head."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "identity.json"
+    run = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--part", "identity",
+                          "--device", "cpu", "--prompts", "1", "--max-new-tokens", "10", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["methods"]) == {"ar", "greedy", "eagle-chain", "medusa", "draft-tree", "eagle"}
+    assert all(c == {"same_as_eager": 1, "same_as_ar": 1} for c in result["methods"].values())
+    assert result["replays"] > 0
+
+
+def test_a_reduced_vocabulary_draft_gives_its_own_logits():
+    from specdec_utils.models import ReducedVocabLlamaForCausalLM
+    config = tiny_model("tiny-llama", vocab_size=33).config
+    config.full_vocab_size = 96
+    draft = ReducedVocabLlamaForCausalLM(config).eval()
+    draft.set_vocab(torch.arange(0, 96, 3))
+    ids = torch.tensor([[3, 6, 7, 9, 50, 12]])  # 7 and 50 are outside its vocabulary
+    runner = PlainRunner(draft, graphs=True, record=False)
+    runner.begin(6)
+    with torch.no_grad():
+        runner.forward(ids[:, :4])
+        torch.testing.assert_close(runner.forward(ids, 2), draft(ids).logits[0, -2:], atol=1e-4, rtol=1e-4)

@@ -539,10 +539,13 @@ class EagleProposer:
             ent.append(frac.repeat_interleave(top.indices.shape[1]))
             parents_h, prev_first = hs, first
             level_start, count = count, count + n_children
-        tok, par, score, prob, ent = (torch.cat(x).cpu() for x in (tok, par, score, prob, ent))  # one read per round
+        ints = torch.stack([torch.cat(tok), torch.cat(par)]).cpu()  # the host reads the tree: once per round
+        tok, par = ints[0], ints[1]
+        score, prob, ent = torch.stack([torch.cat(score), torch.cat(prob), torch.cat(ent).float()]).cpu()
         keep = torch.ones(len(tok), dtype=torch.bool)
         if len(tok) > policy.tree_nodes:  # the best nodes by path probability (an ancestor scores at least as high)
-            order = sorted(range(len(tok)), key=lambda c: (-float(score[c]), c))[:policy.tree_nodes]
+            values = score.tolist()
+            order = sorted(range(len(tok)), key=lambda c: (-values[c], c))[:policy.tree_nodes]
             keep = torch.zeros(len(tok), dtype=torch.bool)
             keep[order] = True
         keep &= prune_keep(prob, par, ent, policy.prune, policy.threshold)

@@ -228,14 +228,20 @@ class PlainRunner(ModelRunner):
     def forward(self, tokens: torch.Tensor, num_logits: int = 1, hidden=None):
         new = tokens[0, self.pos:]
         n = new.shape[0]
+        if n == 0:
+            raise ValueError(f"nothing to feed: the cache already holds all {tokens.shape[1]} tokens ({self.pos} "
+                             f"positions); pass the sequence with its new tokens")
         allowed = torch.ones(n, self.pos + n, dtype=torch.bool).tril(self.pos)
         return self._run(new, torch.arange(self.pos, self.pos + n), allowed, num_logits, hidden)
 
     def forward_tree(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, fed: int = 0,
                      num_logits: int | None = None, hidden=None):
-        from .tree import check_parents, depths, tree_allowed
-        check_parents(parents)
+        from .tree import check_parents, is_chain, tree_allowed, tree_mask
         parents = parents.cpu()
+        if fed == 0 and is_chain(parents):  # an ordinary causal forward (the same positions and mask)
+            return self.forward(torch.cat([tokens, nodes.to(tokens.device)[None]], dim=1),
+                                len(nodes) + 1 if num_logits is None else num_logits, hidden)
+        check_parents(parents)
         L = tokens.shape[1]
         if self.pos < L and fed == 0:
             new = tokens[0, self.pos:]
@@ -246,8 +252,9 @@ class PlainRunner(ModelRunner):
                              f"with {fed} nodes cached")
         n_new = new.shape[0]
         ids = torch.cat([new, nodes.to(new.device)[fed:]])
-        positions = torch.cat([torch.arange(L - n_new, L), L - 1 + depths(parents)[fed:]])
-        allowed = tree_allowed(L, n_new, parents, fed, torch.device("cpu"))
+        ancestry = tree_mask(parents)  # computed once: the depths and the mask both read it
+        positions = torch.cat([torch.arange(L - n_new, L), L - 1 + ancestry.sum(-1)[fed:]])
+        allowed = tree_allowed(L, n_new, parents, fed, torch.device("cpu"), ancestry)
         return self._run(ids, positions, allowed, ids.shape[0] if num_logits is None else num_logits, hidden)
 
     def prepare(self, prompt_len: int = 8) -> None:

@@ -66,10 +66,12 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the target pass
-def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, device) -> torch.Tensor:
+def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, device,
+                 ancestry: torch.Tensor | None = None) -> torch.Tensor:
     """Which keys each query of a tree pass sees: bool [n_new + T - fed, committed + T] for a forward over
     a sequence of `committed` tokens then the T nodes of `parents`, that feeds the last `n_new` committed
-    tokens and the nodes from `fed` on (what came before is cached)."""
+    tokens and the nodes from `fed` on (what came before is cached). `ancestry`: `tree_mask(parents)`, if
+    the caller has it."""
     T = len(parents)
     rows = n_new + T - fed
     allow = torch.zeros(rows, committed + T, dtype=torch.bool, device=device)
@@ -78,7 +80,7 @@ def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, de
     allow[:n_new, :committed] = torch.arange(committed, device=device)[None] <= q_pos[:, None]
     # tree nodes: the whole committed prefix, their ancestors and themselves
     allow[n_new:, :committed] = True
-    allow[n_new:, committed:] = tree_mask(parents.to(device))[fed:]
+    allow[n_new:, committed:] = (tree_mask(parents.to(device)) if ancestry is None else ancestry.to(device))[fed:]
     return allow
 
 

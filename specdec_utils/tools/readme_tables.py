@@ -328,9 +328,41 @@ def step_gpu_table() -> str:
     return "\n".join(rows)
 
 
+def trees_graphed_table() -> str:
+    """Every method on the compiled, graphed plain runner (tools/tree_graph_bench): three runs, speedups over the
+    same runner's `ar` (median and min-max over runs; bootstrap over prompts) and over the engine's graphed `ar`."""
+    from .. import report
+    run, identity = _load("tree_graph_h100.json"), _load("tree_graph_identity_h100.json")
+    records = run["records"]
+    runs = sorted({r["repeat"] for r in records})
+    methods = list(dict.fromkeys(r["method"] for r in records))
+
+    def of(method, k):
+        return [r for r in records if r["method"] == method and r["repeat"] == k]
+    same = all(c["same_as_eager"] == identity["prompts"] for c in identity["methods"].values())
+    rows = [f"{run['device']}, {run['record_fields_common']['dtype']}, greedy, torch {run['torch']}, transformers "
+            f"{run['transformers']}, {run['date']}; {len({r['id'] for r in records})} held-out prompts x "
+            f"{run['max_new_tokens']} tokens, {len(runs)} runs. float32 check ({identity['prompts']} prompts): every "
+            f"method graphed gives the eager tokens: {'yes' if same else 'NO'}.", "",
+            "| method | tok/s (median of runs) | tau | over `ar`, same runner (runs; prompts) "
+            "| over the engine's graphed `ar` |",
+            "|---|---|---|---|---|"]
+    for m in methods:
+        rate = report.from_repeats([report.tokens_per_second(of(m, k)) for k in runs])
+        over = report.from_repeats([report.tokens_per_second(of(m, k)) / report.tokens_per_second(of("ar", k))
+                                    for k in runs])
+        prompts = report.speedup(records, m, "ar") if m != "ar" else None
+        engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
+        rows.append(f"| `{m}` | {rate.value:.0f} | {report.tokens_per_target_call(of(m, runs[0])):.2f} | "
+                    + ("1.00x" if prompts is None else f"{over:.2fx}; {prompts.low:.2f}-{prompts.high:.2f}") + " | "
+                    + ("1.00x" if engine is None else f"{engine:.2fx}") + " |")
+    return "\n".join(rows)
+
+
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
-          "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "tree-attention": tree_attention_table,
+          "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "trees-graphed": trees_graphed_table,
+          "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 
 
