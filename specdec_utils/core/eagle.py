@@ -48,6 +48,7 @@ from .checks import is_count, require
 from .engine import DraftStep, Proposal
 from .hidden import final_norm
 from .policies import DraftingPolicy
+from .runner import record_cuda_graph
 from .sampling import sample_token
 from .tree import depths, prune_keep, subtree
 from .tree_drafting import DraftTreePolicy, _entropy_frac
@@ -422,14 +423,7 @@ class EagleProposer:
         if graph.graph is None:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                run()  # warm-up: writes the same slots the replay writes
-            torch.cuda.current_stream().wait_stream(stream)
-            graph.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph.graph, pool=self._pool):
-                graph.outputs = run()
+            graph.graph, graph.outputs = record_cuda_graph(run, self._pool)  # its warm-up writes the replay's slots
         graph.graph.replay()
         h, logits = graph.outputs
         return h[:n].clone(), logits[:n].clone()

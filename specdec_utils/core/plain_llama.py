@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .runner import ModelRunner, attention_backends
+from .runner import ModelRunner, attention_backends, record_cuda_graph
 from .static_cache import CHUNK
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
@@ -154,7 +154,7 @@ class PlainLlama:
 
 class _Graph:
     def __init__(self, budget: int, taps: tuple, device, capacity: int):
-        self.budget, self.taps = budget, taps
+        self.taps = taps
         self.ints = torch.zeros(3, budget, dtype=torch.long, device=device)   # ids, positions, slots
         self.mask = torch.zeros(1, budget, capacity, dtype=torch.bool, device=device)
         self.graph, self.outputs = None, None
@@ -350,7 +350,7 @@ class PlainRunner(ModelRunner):
                 self._capture(graph)
             graph.graph.replay()
             out = graph.outputs
-        return tuple(t[0].clone() for t in out)
+        return tuple(t[0, :n].clone() for t in out)  # the real rows (the next replay overwrites the outputs)
 
     def _static(self, graph: _Graph):
         step = self._step or self.core.step
@@ -363,13 +363,6 @@ class PlainRunner(ModelRunner):
             limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
             setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
             self._step = torch.compile(self.core.step, dynamic=False)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3 if self.compiled else 1):  # the same keys the replay writes: harmless
-                self._static(graph)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph.graph, pool=self.pool):
-            graph.outputs = self._static(graph)
+        graph.graph, graph.outputs = record_cuda_graph(lambda: self._static(graph), self.pool,
+                                                       warmups=3 if self.compiled else 1)
         self.captures += 1

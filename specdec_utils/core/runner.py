@@ -241,18 +241,29 @@ class ModelRunner:
             return _Graph(None, ids, start, None)
 
         def step():
-            return static_forward(self.model, cache, ids, start, num_logits)
+            with attention_backends(self.device, self.avoid_cudnn):
+                return static_forward(self.model, cache, ids, start, num_logits)
 
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), attention_backends(self.device, self.avoid_cudnn):
-            step()  # warm-up outside the graph (it writes the same keys the replay will)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), attention_backends(self.device, self.avoid_cudnn):
-            logits = step()
+        graph, logits = record_cuda_graph(step, self.pool)
         self.captures += 1
         return _Graph(graph, ids, start, logits)
+
+
+def record_cuda_graph(step, pool=None, warmups: int = 1):
+    """Record `step()` (no arguments; static inputs and outputs) as a CUDA graph: run it `warmups` times on a side
+    stream first (kernel and allocator set-up stays out of the graph; the warm-ups write what the replay will
+    write), then capture it into `pool`. Returns (the graph, the tensors `step` returned during the capture,
+    which every replay overwrites)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = step()
+    return graph, outputs
 
 
 def static_forward(model, cache: StaticKVCache, ids: torch.Tensor, start: torch.Tensor, num_logits: int):
