@@ -12,6 +12,18 @@ runner, beside the course's graphed engine step (`ModelRunner(graphs=True)`, not
 greedy chain; each configuration repeated `--repeats` times, every repeat its own paired speedups over the
 same run's `ar` (bootstrap over prompts). Every graph (each budget of tokens) is recorded, and compiled,
 before the first timed prompt: the seconds it took are in the JSON.
+
+The whole round on the device (`core/device_loop.py`, greedy, one CUDA graph per round):
+
+    python -m specdec_utils.tools.tree_graph_bench --part device-identity --prompts 24 --out ...
+    python -m specdec_utils.tools.tree_graph_bench --part device-tune --prompts 24 --out ...
+    python -m specdec_utils.tools.tree_graph_bench --part device-board --gamma-greedy G --gamma-eagle G --out ...
+
+`device-identity` (float32): `ar`, the draft's chain and the EAGLE head's chain through the compiled device loop
+against transformers' eager `ar`, prompt by prompt. `device-tune` (bfloat16): gamma for each chain, chosen by
+tokens/s on *training* prompts, with each round's GPU anatomy. `device-board` (bfloat16): the held-out prompts,
+the device loops at the tuned gammas beside `ar` on the compiled plain runner's host loop and on the engine's
+graphed step, `--repeats` times.
 """
 from __future__ import annotations
 
@@ -26,6 +38,7 @@ import torch
 import transformers
 
 from .. import report
+from ..core.device_loop import DeviceLoop
 from ..core.eagle import EAGLE_NAME, load_eagle
 from ..core.medusa import load_heads
 from ..core.methods import generate
@@ -124,9 +137,159 @@ def board(args, tokenizer, rows) -> dict:
     return out
 
 
+def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict) -> dict:
+    loops = {"ar (device)": DeviceLoop(target, gamma=0, capacity=capacity, compile=compiled)}
+    if "greedy" in gammas:
+        loops["greedy (device)"] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"], capacity=capacity,
+                                              compile=compiled)
+    if "eagle-chain" in gammas:
+        loops["eagle-chain (device)"] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
+                                                   capacity=capacity, compile=compiled)
+    return loops
+
+
+def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
+    """One record per prompt, in the fields `report.summarize` reads (target_calls: the rounds; the prefill, which
+    produces no token here, is not counted)."""
+    loop.prepare()
+    records = []
+    for row, ids in zip(rows, encoded):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = loop.generate(ids, max_new_tokens, eos_token_id=eos)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        records.append({"id": row["id"], "category": row.get("category"), "method": label, "gamma": loop.gamma,
+                        "new_token_ids": out.new_token_ids, "wall_s": time.perf_counter() - t0,
+                        "new_tokens": len(out.new_token_ids), "target_calls": out.rounds,
+                        "drafted": out.rounds * loop.gamma, "accepted": sum(out.accepted)})
+    return records
+
+
+def _summary(records, baseline: str) -> list[dict]:
+    return [{k: dataclasses.asdict(v) if isinstance(v, report.Estimate) else v for k, v in row.items()}
+            for row in report.summarize(records, baseline)]
+
+
+def device_identity(args, tokenizer, rows) -> dict:
+    """float32: every device loop against transformers' eager `ar`, prompt by prompt."""
+    target, _ = load_model(args.target, device=args.device, dtype=torch.float32)
+    draft, _ = load_model(args.draft, device=args.device, dtype=torch.float32)
+    eagle = load_eagle(args.eagle, target)
+    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
+    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16
+    t0 = time.perf_counter()
+    loops = _device_loops(target, draft, eagle, capacity, args.compile,
+                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle})
+    for loop in loops.values():
+        loop.prepare()
+    out = {"prompts": len(rows), "prepare_s": time.perf_counter() - t0,
+           "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
+    taus = {k: [] for k in loops}
+    for ids in encoded:
+        eager = generate(target, ids, args.max_new_tokens, method="ar",
+                         eos_token_id=tokenizer.eos_token_id).new_token_ids
+        for label, loop in loops.items():
+            got = loop.generate(ids, args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
+            out["methods"][label] += got.new_token_ids == eager
+            taus[label].append(got.tau)
+        print(json.dumps(out["methods"]), flush=True)
+    out["tau"] = {k: sum(v) / len(v) for k, v in taus.items()}
+    return out
+
+
+def device_tune(args, tokenizer, _rows) -> dict:
+    """bfloat16, training prompts: tokens/s of each chain at each gamma, and each round's anatomy."""
+    rows = build_prompts("train")
+    rows = rows[:args.prompts] if args.prompts else rows
+    target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
+    draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
+    eagle = load_eagle(args.eagle, target)
+    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
+    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16
+    gammas = [int(g) for g in args.gammas.split(",")]
+    loops = _device_loops(target, draft, eagle, capacity, args.compile, {"greedy": gammas[0],
+                                                                         "eagle-chain": gammas[0]})
+    eos = tokenizer.eos_token_id
+    out = {"split": "train", "prompts": len(rows), "gammas": gammas, "results": [], "best": {}}
+    ar = loops.pop("ar (device)")
+    base = report.tokens_per_second(_run_loop(ar, "ar (device)", encoded, rows, args.max_new_tokens, eos,
+                                              args.device))
+    out["ar"] = {"tok_per_s": base, **(ar.anatomy() if args.device == "cuda" else {})}
+    for label, loop in loops.items():
+        for gamma in gammas:
+            t0 = time.perf_counter()
+            loop.set_gamma(gamma)
+            loop.prepare()
+            prepare_s = time.perf_counter() - t0
+            records = _run_loop(loop, label, encoded, rows, args.max_new_tokens, eos, args.device)
+            rate = report.tokens_per_second(records)
+            result = {"method": label, "gamma": gamma, "tok_per_s": rate, "over_ar": rate / base,
+                      "tau": report.tokens_per_target_call(records), "prepare_s": prepare_s,
+                      **(loop.anatomy() if args.device == "cuda" else {})}
+            out["results"].append(result)
+            print(json.dumps(result), flush=True)
+            if args.out:  # after every gamma: a run cut short keeps what it measured
+                with open(args.out, "w") as f:
+                    json.dump({**out, "partial": True}, f, indent=1)
+        mine = [r for r in out["results"] if r["method"] == label]
+        out["best"][label] = max(mine, key=lambda r: r["tok_per_s"])["gamma"]
+    return out
+
+
+def device_board(args, tokenizer, rows) -> dict:
+    """bfloat16, held-out prompts: the device loops beside `ar` on the host-driven compiled runner and on the
+    engine's graphed step, `--repeats` times."""
+    target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
+    draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
+    eagle = load_eagle(args.eagle, target)
+    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
+    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 80
+    record = args.device == "cuda"
+    t0 = time.perf_counter()
+    loops = _device_loops(target, draft, eagle, capacity, args.compile,
+                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle})
+    for loop in loops.values():
+        loop.prepare()
+    plain = PlainRunner(target, graphs=True, compile=args.compile, capacity=capacity, budgets=(1,), record=record)
+    plain.prepare()
+    engine = ModelRunner(target, graphs=True, capacity=capacity, record=record)
+    out = {"prepare_s": time.perf_counter() - t0, "gammas": {k: v.gamma for k, v in loops.items()},
+           "anatomy": {k: v.anatomy() for k, v in loops.items()} if record else {}, "repeats": [], "records": []}
+    common = dict(max_new_tokens=args.max_new_tokens, gamma=1, temperature=0.0, top_p=1.0, seed=0,
+                  dtype_name="bfloat16", device=args.device)
+    eos = tokenizer.eos_token_id
+    for repeat in range(args.repeats):
+        records = []
+        for label, loop in loops.items():
+            records += _run_loop(loop, label, encoded, rows, args.max_new_tokens, eos, args.device)
+        for label, runner in (("ar (plain runner, host loop)", plain), ("ar (engine)", engine)):
+            for r in run_benchmark(runner, None, tokenizer, rows, ["ar"], **common):
+                records.append({k: r[k] for k in ("id", "category", "new_token_ids", "wall_s", "new_tokens",
+                                                  "target_calls", "drafted", "accepted")}
+                               | {"method": label, "gamma": 0})
+        for r in records:
+            r["repeat"] = repeat
+        out["repeats"].append({"over device ar": _summary(records, "ar (device)"),
+                               "over engine ar": _summary(records, "ar (engine)")})
+        for row in out["repeats"][-1]["over device ar"]:
+            print(f"repeat {repeat} {row['method']:>30}: {row['tok_per_s']:7.1f} tok/s, {row['speedup']:.2f}x, "
+                  f"tau {row['tau'] or 0:.2f}", flush=True)
+        out["records"] += records
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({**out, "partial": repeat + 1 < args.repeats}, f)
+    return out
+
+
+PARTS = {"identity": identity, "board": board, "device-identity": device_identity, "device-tune": device_tune,
+         "device-board": device_board}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=["identity", "board"], required=True)
+    ap.add_argument("--part", choices=list(PARTS), required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="draft-m")
@@ -136,6 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--gamma-greedy", type=int, default=4, help="device parts: the draft's gamma")
+    ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
+    ap.add_argument("--gammas", default="2,3,4,5,6,8", help="device-tune: the gammas tried")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -151,7 +317,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        result = (identity if args.part == "identity" else board)(args, tokenizer, rows)
+        result = PARTS[args.part](args, tokenizer, rows)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     result.update({"part": args.part, "device": device, "date": datetime.date.today().isoformat(),
                    "torch": torch.__version__, "transformers": transformers.__version__, "compiled": args.compile,
@@ -159,7 +325,7 @@ def main(argv=None) -> int:
                    "command": "python -m specdec_utils.tools.tree_graph_bench "
                    + " ".join(sys.argv[1:] if argv is None else argv)})
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=None if args.part == "board" else 1)
+        json.dump(result, f, indent=None if "board" in args.part else 1)
     print(f"wrote {args.out} in {result['wall_s']:.0f} s")
     return 0
 

@@ -1,0 +1,303 @@
+"""A whole greedy speculative round on the device: draft, verify, accept and commit with no host work in
+between, replayed from one CUDA graph, with one read-back per round.
+
+The graphed runners of notebook 09 replay each *pass* from a graph, but the loop around the passes stays on
+the host: before every pass it builds the positions and the mask on the CPU and copies them into the
+graph's inputs, and after every draft step it reads the drafted token back to decide what to feed next. On
+an H100 that host work costs about as much as the GPU work for a 135M target (0.5 ms per draft step for a
+draft whose step is a fraction of that). Here everything a round needs lives on the GPU:
+
+    state      tokens [capacity] (the prompt and every token committed so far), L (how many), the caches
+    draft      gamma steps (the draft model's, or an EAGLE head's), each token the argmax of the last step,
+               fed straight into the next one
+    verify     one target pass over [token L-1, d_0 .. d_gamma-1] at positions L-1 .. L+gamma-1; the mask is
+               computed in the graph from the positions (slot s is visible to row r iff s <= L-1+r)
+    accept     n = the number of leading drafts equal to the target's argmax (a cumulative product), the
+               bonus token = the target's argmax after them; both written into `tokens`; L += n + 1
+    read back  n and the round's tokens: one small copy, the only time the host waits for the GPU
+
+No rollback is needed: every cache is indexed by position, a rejected draft's keys and values sit past the new
+L and are overwritten before anything attends to them (the mask hides them until then). Rounds have a fixed
+shape (gamma drafts, gamma+1 verified rows), which is what lets one graph serve every round; the price is
+that a round always drafts gamma tokens, even past the last one the caller asked for (the extra ones are
+dropped). gamma=0 is the target alone through the same machinery: the fair baseline.
+
+Greedy only: a sampled round needs the draft's and the target's distributions compared with random draws on
+the device (possible, not built here). The output is the target's own greedy output up to floating-point
+rounding (float32: the same tokens, tested on the CPU against transformers' forward and measured on the GPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from .engine import _append_until_eos, _finished, as_id_set
+from .plain_llama import PlainLlama, check_plain_llama
+from .runner import record_cuda_graph
+
+CHUNK = 128  # capacity is rounded up to a multiple of this
+
+
+@dataclasses.dataclass
+class DeviceResult:
+    new_token_ids: list[int]
+    accepted: list[int]  # drafts accepted in each round (0..gamma)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target pass (accepted drafts + the target's own token)."""
+        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+
+
+class DeviceLoop:
+    """Greedy speculative decoding with the round on the device (see the module docstring).
+
+    `DeviceLoop(target)` (gamma 0) is the target alone; `DeviceLoop(target, draft=draft, gamma=4)` a draft
+    model's chain; `DeviceLoop(target, head=head, gamma=5)` an EAGLE head's chain (`eagle.EagleHead`). The
+    target and a draft are plain Llamas (`plain_llama.PlainLlama`). `graphs` (default: on a CUDA GPU) records
+    the round as one CUDA graph; `compile=True` first compiles the target pass and the draft step with
+    `torch.compile`. On the CPU the same round runs op by op (how the tests check it)."""
+
+    def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
+                 compile: bool = False):
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+            raise ValueError(f"gamma must be an integer >= 0 (0: the target alone), got {gamma!r}")
+        if draft is not None and head is not None:
+            raise ValueError("give a draft model or an EAGLE head, not both")
+        if gamma > 0 and draft is None and head is None:
+            raise ValueError(f"gamma={gamma} needs a draft model or an EAGLE head (gamma=0 is the target alone)")
+        if gamma == 0 and (draft is not None or head is not None):
+            raise ValueError("gamma=0 drafts nothing: leave out the draft, or give gamma >= 1")
+        check_plain_llama(target.config)
+        if draft is not None:
+            check_plain_llama(draft.config)
+        self.device = next(target.parameters()).device
+        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError(f"graphs=True needs a CUDA GPU; the target is on {self.device}")
+        if compile and not self.graphs:
+            raise ValueError("compile=True needs graphs=True on a CUDA GPU (the compiled round is replayed from a "
+                             "CUDA graph)")
+        self.gamma, self.head, self.compiled = gamma, head, bool(compile)
+        self.method = "ar" if gamma == 0 else ("greedy" if draft is not None else "eagle-chain")
+        self.target = PlainLlama(target, 1, CHUNK)
+        self.draft = PlainLlama(draft, 1, CHUNK) if draft is not None else None
+        self.taps = tuple(head.target_hidden) if head is not None else ()
+        self.steps = {"verify": self._verify, "draft": self._draft_step, "head": self._head_step}
+        if self.compiled:
+            import torch._dynamo.config as dynamo_config
+            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
+            self.steps = {k: torch.compile(f, dynamic=False) for k, f in self.steps.items()}
+        self.capacity, self.graph, self._pool = 0, None, None
+        self._allocate(capacity)
+
+    def set_gamma(self, gamma: int) -> None:
+        """Draft `gamma` tokens per round from now on (the round is recorded again; a compiled step keeps what it
+        compiled for the shapes it has seen)."""
+        if self.gamma == 0 or not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+            raise ValueError(f"set_gamma takes an integer >= 1 on a loop with a draft or a head, got {gamma!r} "
+                             f"on a loop with gamma={self.gamma}")
+        self.gamma = gamma
+        self._allocate(self.capacity)
+
+    # ------------------------------------------------------------------ buffers
+    def _allocate(self, capacity: int) -> None:
+        capacity = -(-max(capacity, CHUNK) // CHUNK) * CHUNK
+        device = self.device
+        for core in (self.target, self.draft):
+            if core is not None:
+                core.grow(capacity)
+        self.capacity = capacity
+        with torch.inference_mode(False):
+            self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
+            self.L = torch.zeros(1, dtype=torch.long, device=device)
+            self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=device)
+            if self.head is not None:
+                head = self.head
+                weight = head.k.weight
+                self.head_k = weight.new_zeros(head.n_kv, capacity, head.head_dim)
+                self.head_v = torch.zeros_like(self.head_k)
+                self.h0 = weight.new_zeros(1, head.hidden_size)
+                self.logits0 = weight.new_zeros(1, head.draft_vocab)
+        self.cols = torch.arange(capacity, device=device)
+        self.offsets = torch.arange(self.gamma + 2, device=device)
+        self.graph = None  # recorded on the old buffers
+
+    # ------------------------------------------------------------------ the steps (compiled with compile=True)
+    def _visible(self, rows):
+        """The mask of rows at positions `rows` [n] over the whole buffer: slot s is visible iff s <= the row's
+        position (every cache here is indexed by position)."""
+        return self.cols[None] <= rows[:, None]
+
+    def _verify(self, ids, rows):
+        """The target's pass over `ids` [n] at positions `rows` [n]: (its argmax at every row [n], the EAGLE
+        features [n, F] or None)."""
+        core = self.target
+        x, tapped = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity, self.taps)
+        best = core.logits(x)[0].argmax(-1)
+        return best, (torch.cat(tapped, -1)[0] if tapped else None)
+
+    def _draft_step(self, ids, rows):
+        """The draft model fed `ids` [n] at positions `rows` [n]: the argmax after the last one [1]."""
+        core = self.draft
+        x, _ = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity)
+        return core.logits(x[:, -1])[0].argmax(-1, keepdim=True)
+
+    def _head_step(self, features, tokens, rows, own: bool):
+        """The EAGLE head's layer over entries (features [n, F|H], tokens [n]) at positions `rows` [n], its keys
+        and values written at those slots: (h [n, H], draft-vocabulary logits [n, V'])."""
+        head = self.head
+        x, r = head.inputs(features, tokens, own)
+        q, k, v = head.qkv(x, rows)  # q [heads, n, d]; k, v [kv heads, n, d]
+        self.head_k.index_copy_(1, rows, k)
+        self.head_v.index_copy_(1, rows, v)
+        n, group, kv = rows.shape[0], head.n_heads // head.n_kv, head.n_kv
+        # the query heads sharing a key/value head become group * n rows of it (the cache is read once)
+        mask = self._visible(rows)[None].expand(group, n, self.capacity).reshape(group * n, self.capacity)
+        att = F.scaled_dot_product_attention(q.reshape(kv, group * n, -1)[None], self.head_k[None], self.head_v[None],
+                                             attn_mask=mask[None, None])[0]
+        h = head.finish(att.reshape(head.n_heads, n, -1), r)
+        return h, head.logits(h)
+
+    def _to_full(self, draft_ids):
+        ids = self.head.vocab_ids
+        return draft_ids if ids is None else ids[draft_ids]
+
+    # ------------------------------------------------------------------ one round
+    def _draft(self, L):
+        """gamma drafted tokens [gamma], each fed straight into the next step."""
+        g, steps = self.gamma, self.steps
+        if self.draft is not None:
+            # the draft re-reads the newest two committed tokens: whether the last round accepted every draft
+            # or not, its cache then holds every committed position (re-writing one it had is harmless)
+            rows = L - 2 + self.offsets[:2]
+            token = steps["draft"](self.tokens.index_select(0, rows), rows)
+            drafted = [token]
+            for k in range(1, g):
+                token = steps["draft"](token, L + k - 1)  # d_(k-1) sits at position L + k - 1
+                drafted.append(token)
+            return torch.cat(drafted)
+        # EAGLE: the head's output for the newest committed entry (kept by the last round's catch-up)
+        h, token = self.h0, self._to_full(self.logits0.argmax(-1))
+        drafted = [token]
+        for k in range(1, g):  # entry (h, d_(k-1)) sits at position L + k - 2
+            h, logits = steps["head"](h, token, L + k - 2, own=True)
+            token = self._to_full(logits.argmax(-1))
+            drafted.append(token)
+        return torch.cat(drafted)
+
+    def _round(self):
+        g, L = self.gamma, self.L
+        drafts = self._draft(L) if g else self.tokens[:0]
+        rows = L - 1 + self.offsets[:g + 1]  # the newest committed token, then the drafts
+        best, features = self.steps["verify"](torch.cat([self.tokens.index_select(0, L - 1), drafts]), rows)
+        n = (drafts == best[:g]).long().cumprod(0).sum()  # leading drafts the target agrees with
+        self.tokens.index_copy_(0, rows[1:], drafts)
+        self.tokens.index_copy_(0, L + n, best.gather(0, n.view(1)))  # the target's own token after them
+        if self.head is not None:
+            # the head's entries (feature p, token p+1) for the verified positions; the one at the newest committed
+            # position L + n - 1 drafts the next round (rows past it are overwritten before anything reads them)
+            h, logits = self.steps["head"](features, self.tokens.index_select(0, rows + 1), rows, own=False)
+            self.h0.copy_(h.index_select(0, n.view(1)))
+            self.logits0.copy_(logits.index_select(0, n.view(1)))
+        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:g + 1])]))
+        self.L.add_(n + 1)
+        return self.out
+
+    # ------------------------------------------------------------------ generation
+    def _begin(self, prompt) -> None:
+        """Reset the state to `prompt` [P]: the target's cache holds positions 0..P-2 (P-1 is fed by the first
+        round), the draft's 0..P-3, the head's entries 0..P-2 and its output for the last one."""
+        P, device = prompt.shape[0], self.device
+        self.tokens.zero_()
+        self.tokens[:P] = prompt
+        self.L.fill_(P)
+
+        def prefill(core, n, taps=()):
+            rows = torch.arange(n, device=device)
+            mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            return core.body(prompt[None, :n], rows[None], rows, mask[None], n, taps)
+        _, tapped = prefill(self.target, P - 1, self.taps)
+        if self.draft is not None and P > 2:
+            prefill(self.draft, P - 2)
+        if self.head is not None:
+            rows = torch.arange(P - 1, device=device)
+            h, logits = self._head_step(torch.cat(tapped, -1)[0], prompt[1:P], rows, own=False)
+            self.h0.copy_(h[-1:])
+            self.logits0.copy_(logits[-1:])
+
+    def prepare(self) -> None:
+        """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it."""
+        if not self.graphs or self.graph is not None:
+            return
+        self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=3 if self.compiled else 1)
+
+    def generate(self, input_ids, max_new_tokens: int, eos_token_id=None) -> DeviceResult:
+        """Greedy decoding of one prompt (`input_ids` [1, P] or [P], P >= 2): stops after `max_new_tokens` tokens
+        or after an EOS token, like `generate`."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 2 and ids.shape[0] != 1:
+            raise ValueError(f"the device loop decodes one prompt at a time: input_ids has batch {ids.shape[0]}")
+        ids = ids.reshape(-1).to(self.device, torch.long)
+        if ids.shape[0] < 2:
+            raise ValueError(f"the device loop needs a prompt of at least 2 tokens, got {ids.shape[0]}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        eos = as_id_set(eos_token_id)
+        needed = ids.shape[0] + max_new_tokens + self.gamma + 2
+        if needed > self.capacity:
+            self._allocate(max(needed, 2 * self.capacity))
+        self.prepare()
+        self._begin(ids)
+        new, accepted = [], []
+        while not _finished(new, max_new_tokens, eos):
+            if self.graph is not None:
+                self.graph.replay()
+                out = self.out.tolist()  # the round's only read-back
+            else:
+                out = self._round().tolist()
+            n = out[0]
+            accepted.append(n)
+            _append_until_eos(new, out[1:n + 2], eos)
+        return DeviceResult(new[:max_new_tokens], accepted)
+
+    def anatomy(self, repeats: int = 200) -> dict:
+        """GPU milliseconds of one round and of its parts, each replayed `repeats` times from a graph of its own (CUDA
+        events around all the replays): the round, its gamma draft steps, the target's pass over gamma + 1 rows.
+        The state is reset before every replay (a dummy prompt of 8 tokens); the caches are left dirty (the next
+        `generate` resets them)."""
+        if not self.graphs:
+            raise ValueError("anatomy() times CUDA graphs: it needs graphs=True on a CUDA GPU")
+        self.prepare()
+        prompt = torch.zeros(8, dtype=torch.long, device=self.device)
+        self._begin(prompt)
+        rows = 7 + self.offsets[:self.gamma + 1]
+        ids = torch.zeros(self.gamma + 1, dtype=torch.long, device=self.device)
+        parts = {"round": self.graph}
+        parts["verify"], _ = record_cuda_graph(lambda: self.steps["verify"](ids, rows), self._pool)
+        if self.gamma:
+            parts["draft"], _ = record_cuda_graph(lambda: self._draft(self.L), self._pool)
+        out = {}
+        for name, graph in parts.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.L.fill_(8)
+            graph.replay()  # warm
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(repeats):
+                self.L.fill_(8)
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            out[f"{name}_ms"] = start.elapsed_time(end) / repeats
+        return out

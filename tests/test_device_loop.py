@@ -1,0 +1,134 @@
+"""The greedy round on the device (core/device_loop.py): lossless against the target alone, and it accepts drafts.
+
+On the CPU the round runs op by op (the same tensor operations a CUDA graph records); the recording itself is
+checked by the CUDA-only test at the end and on the GPU by `tools/tree_graph_bench.py --part device`."""
+import copy
+
+import pytest
+import torch
+
+from specdec_utils import generate
+from specdec_utils.core import eagle
+from specdec_utils.core.device_loop import DeviceLoop
+from specdec_utils.models import tiny_model
+
+from conftest import noisy_copy, random_model, random_prompt
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def random_head(target, seed: int):
+    head = eagle.eagle_head_for(target, seed=seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    return head.eval()
+
+
+def loops(target, draft, head):
+    return {"ar": DeviceLoop(target, gamma=0), "greedy 1": DeviceLoop(target, draft=draft, gamma=1),
+            "greedy 4": DeviceLoop(target, draft=draft, gamma=4),
+            "eagle-chain 5": DeviceLoop(target, head=head, gamma=5)}
+
+
+def test_every_round_gives_the_target_alones_tokens():
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.02, seed=1)
+    head = random_head(target, 2)
+    cases = loops(target, draft, head)
+    for seed, length in ((5, 2), (6, 9), (7, 17)):  # 2: the shortest prompt the loop takes
+        ids = random_prompt(length, seed=seed)
+        reference = generate(target, ids, 40, method="ar").new_token_ids
+        for name, loop in cases.items():  # one loop per method, reused across prompts (as the benchmark does)
+            assert loop.generate(ids, 40).new_token_ids == reference, (name, seed)
+    assert cases["greedy 4"].generate(ids, 40).tau > 1.5  # the noisy copy's drafts are mostly accepted
+
+
+def test_a_draft_equal_to_the_target_has_every_draft_accepted():
+    target = random_model("tiny-llama", seed=3)
+    ids = random_prompt(7, seed=1)
+    out = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3).generate(ids, 40)
+    assert out.new_token_ids == generate(target, ids, 40, method="ar").new_token_ids
+    assert out.accepted == [3] * 10 and out.tau == 4.0
+
+
+def test_eos_stops_and_the_cache_grows():
+    target = random_model("tiny-llama", seed=4)
+    draft = noisy_copy(target, noise=0.02, seed=2)
+    ids = random_prompt(6, seed=3)
+    reference = generate(target, ids, 300, method="ar").new_token_ids
+    loop = DeviceLoop(target, draft=draft, gamma=4, capacity=64)
+    assert loop.generate(ids, 300).new_token_ids == reference  # past its first capacity
+    assert loop.capacity >= 6 + 300
+    eos = reference[12]
+    stopped = generate(target, ids, 300, method="ar", eos_token_id=eos).new_token_ids
+    assert loop.generate(ids, 300, eos_token_id=eos).new_token_ids == stopped
+    assert stopped[-1] == eos and len(stopped) <= 13
+
+
+def test_a_reduced_vocabulary_head_and_an_eagle1_head():
+    target = random_model("tiny-llama", seed=5)
+    ids = random_prompt(11, seed=4)
+    reference = generate(target, ids, 30, method="ar").new_token_ids
+    for options in ({"vocab_ids": torch.arange(0, 64, 2)}, {"layer": "eagle1"}):
+        head = eagle.eagle_head_for(target, seed=3, **options).eval()
+        assert DeviceLoop(target, head=head, gamma=4).generate(ids, 30).new_token_ids == reference
+
+
+def test_the_loop_refuses_what_it_cannot_run():
+    target = tiny_model("tiny-llama", vocab_size=64)
+    with pytest.raises(ValueError, match="gamma must be an integer"):
+        DeviceLoop(target, gamma=-1)
+    with pytest.raises(ValueError, match="needs a draft model or an EAGLE head"):
+        DeviceLoop(target, gamma=3)
+    with pytest.raises(ValueError, match="drafts nothing"):
+        DeviceLoop(target, draft=target, gamma=0)
+    with pytest.raises(ValueError, match="not both"):
+        DeviceLoop(target, draft=target, head=eagle.eagle_head_for(target), gamma=2)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        DeviceLoop(target, graphs=True, gamma=0)
+    with pytest.raises(ValueError, match="plain Llama"):
+        DeviceLoop(tiny_model("tiny-gpt2", vocab_size=64), gamma=0)
+    loop = DeviceLoop(target, gamma=0)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        loop.generate(torch.tensor([[5]]), 4)
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        loop.generate(torch.ones(2, 5, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        loop.generate(torch.tensor([[5, 6]]), 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_recorded_round_gives_the_target_alones_tokens():
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.02, seed=1).cuda()
+    head = random_head(target, 2)  # made on the CPU, then moved with the target
+    target, head = target.cuda(), head.cuda()
+    cases = loops(target, draft, head)
+    for seed in (5, 6):
+        ids = random_prompt(13, seed=seed).cuda()
+        reference = generate(target, ids, 40, method="ar").new_token_ids
+        for name, loop in cases.items():
+            assert loop.generate(ids, 40).new_token_ids == reference, name
+            assert loop.graph is not None
+
+
+def test_the_device_drafts_accept_as_often_as_the_engines():
+    """Round for round, the device loop's drafts are accepted as often as the same draft's (or head's) in the
+    engine: the same drafts, not only the same output."""
+    target = random_model("tiny-llama", seed=0, vocab=6)  # a small vocabulary: a random head is right at times
+    draft = noisy_copy(target, noise=0.2, seed=1)
+    head = random_head(target, 2)
+    ids = random_prompt(12, seed=8, vocab=6)
+    first = generate(target, ids, 1, method="ar").new_token_ids
+    for method, kwargs, skip in (("greedy", {"draft": draft}, 0), ("eagle-chain", {"head": head}, 1)):
+        engine = generate(target, ids, 60, method=method, gamma=4, draft=draft, eagle=head)
+        # the engine's first EAGLE round has no features yet and drafts nothing: its second round drafts from the
+        # state the device loop starts from when the prompt includes the first token
+        prompt = torch.cat([ids, torch.tensor([first])], 1) if skip else ids
+        expected = [r.accepted for r in engine.rounds[skip:]]
+        # (the engine's last rounds may draft fewer than gamma: compared up to there)
+        expected = expected[:next((i for i, r in enumerate(engine.rounds[skip:]) if r.drafted < 4), len(expected))]
+        got = DeviceLoop(target, gamma=4, **kwargs).generate(prompt, 60 - skip).accepted
+        assert len(expected) >= 8 and got[:len(expected)] == expected, method
+        assert 0 < sum(expected) < 4 * len(expected)
