@@ -132,3 +132,45 @@ def test_the_device_drafts_accept_as_often_as_the_engines():
         got = DeviceLoop(target, gamma=4, **kwargs).generate(prompt, 60 - skip).accepted
         assert len(expected) >= 8 and got[:len(expected)] == expected, method
         assert 0 < sum(expected) < 4 * len(expected)
+
+
+def test_the_loop_runs_outside_no_grad_with_a_trainable_head():
+    """A learner's models have parameters that require gradients: the loop must not build an autograd graph."""
+    target = random_model("tiny-llama", seed=6)
+    head = eagle.eagle_head_for(target, seed=1)
+    assert any(p.requires_grad for p in head.parameters())
+    ids = random_prompt(8, seed=2)
+    with torch.inference_mode():
+        reference = generate(target, ids, 12, method="ar").new_token_ids
+    loop = DeviceLoop(target, head=head, gamma=3)
+    assert loop.generate(ids, 12).new_token_ids == reference
+    assert not loop.h0.requires_grad  # the head's kept output carries no autograd history
+
+
+@pytest.mark.slow  # the real target, the shipped draft (a reduced vocabulary) and the shipped EAGLE head
+def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
+    """`tree_graph_bench --device cpu` runs the device parts' code unrecorded: the float32 identity on the real
+    target, the gamma tuning, and the board taking its gammas from the tuning's JSON."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+                               "--prompts", "1", "--max-new-tokens", "8", *args], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    run("--part", "device-identity", "--out", str(tmp_path / "identity.json"))
+    identity = json.loads((tmp_path / "identity.json").read_text())
+    assert identity["methods"] == {"ar (device)": 1, "greedy (device)": 1, "eagle-chain (device)": 1}
+    run("--part", "device-tune", "--gammas", "2,3", "--out", str(tmp_path / "tune.json"))
+    tune = json.loads((tmp_path / "tune.json").read_text())
+    assert [(r["method"], r["gamma"]) for r in tune["results"]] == [
+        ("greedy (device)", 2), ("greedy (device)", 3), ("eagle-chain (device)", 2), ("eagle-chain (device)", 3)]
+    run("--part", "device-board", "--repeats", "1", "--tuned", str(tmp_path / "tune.json"),
+        "--out", str(tmp_path / "board.json"))
+    board = json.loads((tmp_path / "board.json").read_text())
+    assert board["gammas"]["greedy (device)"] == tune["best"]["greedy (device)"]
+    assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
+                                                        "ar (plain runner, host loop)", "ar (engine)"}
+    assert all(len(r["new_token_ids"]) == 8 for r in board["records"])

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .engine import _append_until_eos, _finished, as_id_set
 from .plain_llama import PlainLlama, check_plain_llama
-from .runner import record_cuda_graph
+from .runner import attention_backends, record_cuda_graph
 
 CHUNK = 128  # capacity is rounded up to a multiple of this
 
@@ -224,24 +224,28 @@ class DeviceLoop:
             rows = torch.arange(n, device=device)
             mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
             return core.body(prompt[None, :n], rows[None], rows, mask[None], n, taps)
-        _, tapped = prefill(self.target, P - 1, self.taps)
-        if self.draft is not None and P > 2:
-            prefill(self.draft, P - 2)
-        if self.head is not None:
-            rows = torch.arange(P - 1, device=device)
-            h, logits = self._head_step(torch.cat(tapped, -1)[0], prompt[1:P], rows, own=False)
-            self.h0.copy_(h[-1:])
-            self.logits0.copy_(logits[-1:])
+        # (cuDNN's attention plans each new shape anew, ~50 ms on an H100: every prompt's length is new)
+        with attention_backends(device):
+            _, tapped = prefill(self.target, P - 1, self.taps)
+            if self.draft is not None and P > 2:
+                prefill(self.draft, P - 2)
+            if self.head is not None:
+                rows = torch.arange(P - 1, device=device)
+                h, logits = self._head_step(torch.cat(tapped, -1)[0], prompt[1:P], rows, own=False)
+                self.h0.copy_(h[-1:])
+                self.logits0.copy_(logits[-1:])
 
+    @torch.no_grad()
     def prepare(self) -> None:
         """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it."""
         if not self.graphs or self.graph is not None:
             return
         self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=3 if self.compiled else 1)
+        self._pool = torch.cuda.graph_pool_handle()  # a pool of its own: an earlier recording's may still be held
+        with attention_backends(self.device):
+            self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=3 if self.compiled else 1)
 
+    @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None) -> DeviceResult:
         """Greedy decoding of one prompt (`input_ids` [1, P] or [P], P >= 2): stops after `max_new_tokens` tokens
         or after an EOS token, like `generate`."""
@@ -271,6 +275,7 @@ class DeviceLoop:
             _append_until_eos(new, out[1:n + 2], eos)
         return DeviceResult(new[:max_new_tokens], accepted)
 
+    @torch.no_grad()
     def anatomy(self, repeats: int = 200) -> dict:
         """GPU milliseconds of one round and of its parts, each replayed `repeats` times from a graph of its own (CUDA
         events around all the replays): the round, its gamma draft steps, the target's pass over gamma + 1 rows.
@@ -284,9 +289,11 @@ class DeviceLoop:
         rows = 7 + self.offsets[:self.gamma + 1]
         ids = torch.zeros(self.gamma + 1, dtype=torch.long, device=self.device)
         parts = {"round": self.graph}
-        parts["verify"], _ = record_cuda_graph(lambda: self.steps["verify"](ids, rows), self._pool)
-        if self.gamma:
-            parts["draft"], _ = record_cuda_graph(lambda: self._draft(self.L), self._pool)
+        with attention_backends(self.device):
+            pool = torch.cuda.graph_pool_handle()
+            parts["verify"], _ = record_cuda_graph(lambda: self.steps["verify"](ids, rows), pool)
+            if self.gamma:
+                parts["draft"], _ = record_cuda_graph(lambda: self._draft(self.L), pool)
         out = {}
         for name, graph in parts.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -359,9 +359,44 @@ def trees_graphed_table() -> str:
     return "\n".join(rows)
 
 
+def device_loop_table() -> str:
+    """The greedy round on the device (core/device_loop.py, tools/tree_graph_bench --part device-*): the held-out
+    board (speedups over the device loop's `ar` and the engine's graphed `ar`, bootstrap over prompts), the GPU time
+    of a round, the gammas tuned on training prompts and the float32 check."""
+    from .. import report
+    run, identity, tune = (_load(f"tree_graph_device{part}_h100.json") for part in ("", "_identity", "_tune"))
+    records = run["records"]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    same = all(c == identity["prompts"] for c in identity["methods"].values())
+    rows = [f"{run['device']}, bfloat16, greedy, torch {run['torch']}, transformers {run['transformers']}, "
+            f"{run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} tokens, "
+            f"{run['repeats_completed']} run "
+            f"(bootstrap over prompts; no run-to-run spread). gamma tuned on {tune['prompts']} training prompts: "
+            + ", ".join(f"{m} {g}" for m, g in tune["best"].items())
+            + f". float32 check ({identity['prompts']} prompts): every device loop gives the eager `ar` tokens: "
+            f"{'yes' if same else 'NO'}.", "",
+            "| loop | gamma | tok/s | tau | over the device `ar` | over the engine's graphed `ar` "
+            "| GPU ms per round (all / draft / verify) |",
+            "|---|---|---|---|---|---|---|"]
+    for m in methods:
+        mine = [r for r in records if r["method"] == m]
+        over = report.speedup(records, m, "ar (device)") if m != "ar (device)" else None
+        engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
+        parts = run["anatomy"].get(m, {})
+        rows.append(f"| `{m}` | {run['gammas'].get(m, 0)} | {report.tokens_per_second(mine):.0f} | "
+                    f"{report.tokens_per_target_call(mine):.2f} | "
+                    + ("1.00x" if over is None else f"{over:.2fx}") + " | "
+                    + ("1.00x" if engine is None else f"{engine:.2fx}") + " | "
+                    + " / ".join(f"{parts[k]:.2f}" if k in parts else "-"
+                                 for k in ("round_ms", "draft_ms", "verify_ms"))
+                    + " |")
+    return "\n".join(rows)
+
+
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
           "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "trees-graphed": trees_graphed_table,
+          "device-loop": device_loop_table,
           "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 

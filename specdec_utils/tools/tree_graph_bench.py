@@ -302,11 +302,16 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma-greedy", type=int, default=4, help="device parts: the draft's gamma")
     ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
     ap.add_argument("--gammas", default="2,3,4,5,6,8", help="device-tune: the gammas tried")
+    ap.add_argument("--tuned", help="device parts: take both gammas from this device-tune JSON (its best)")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke run of the same code (the padded step unrecorded, nothing compiled)")
     args = ap.parse_args(argv)
+    if args.tuned:
+        with open(args.tuned) as f:
+            best = json.load(f)["best"]
+        args.gamma_greedy, args.gamma_eagle = best["greedy (device)"], best["eagle-chain (device)"]
     if args.device == "cpu":
         args.compile = False
     elif not torch.cuda.is_available():
