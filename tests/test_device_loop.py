@@ -172,5 +172,7 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     board = json.loads((tmp_path / "board.json").read_text())
     assert board["gammas"]["greedy (device)"] == tune["best"]["greedy (device)"]
     assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
-                                                        "ar (plain runner, host loop)", "ar (engine)"}
+                                                        "ar (engine)", "greedy (engine)", "eagle-chain (engine)"}
+    engine = {r["method"]: r for r in board["records"] if "(engine)" in r["method"]}
+    assert engine["greedy (engine)"]["gamma"] == board["gammas"]["greedy (device)"]
     assert all(len(r["new_token_ids"]) == 8 for r in board["records"])

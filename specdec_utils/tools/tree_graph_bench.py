@@ -21,9 +21,10 @@ The whole round on the device (`core/device_loop.py`, greedy, one CUDA graph per
 
 `device-identity` (float32): `ar`, the draft's chain and the EAGLE head's chain through the compiled device loop
 against transformers' eager `ar`, prompt by prompt. `device-tune` (bfloat16): gamma for each chain, chosen by
-tokens/s on *training* prompts, with each round's GPU anatomy. `device-board` (bfloat16): the held-out prompts,
-the device loops at the tuned gammas beside `ar` on the compiled plain runner's host loop and on the engine's
-graphed step, `--repeats` times.
+tokens/s on *training* prompts (`--prompts N`: taken in turn from each category), with each round's GPU anatomy.
+`device-board` (bfloat16): the held-out prompts, the device loops at the tuned gammas beside, on a GPU, `ar` on the
+compiled plain runner's host loop and on the engine's graphed step (on the CPU: the course's engine running `ar`
+and the same chains), `--repeats` times.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from ..core.methods import generate
 from ..core.plain_llama import PlainRunner
 from ..core.runner import ModelRunner
 from ..models import load_model
-from ..prompts import build_prompts, format_prompt
+from ..prompts import build_prompts, eval_subset, format_prompt
 from .bench import run_benchmark
 
 TREE_METHODS = ("medusa", "draft-tree", "eagle")
@@ -202,7 +203,11 @@ def device_identity(args, tokenizer, rows) -> dict:
 def device_tune(args, tokenizer, _rows) -> dict:
     """bfloat16, training prompts: tokens/s of each chain at each gamma, and each round's anatomy."""
     rows = build_prompts("train")
-    rows = rows[:args.prompts] if args.prompts else rows
+    if args.prompts:  # taken in turn from each category (the split is sorted by category)
+        by_category = {}
+        for row in rows:
+            by_category.setdefault(row["category"], []).append(row)
+        rows = [row for group in zip(*by_category.values()) for row in group][:args.prompts]
     target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
     draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
     eagle = load_eagle(args.eagle, target)
@@ -239,8 +244,9 @@ def device_tune(args, tokenizer, _rows) -> dict:
 
 
 def device_board(args, tokenizer, rows) -> dict:
-    """bfloat16, held-out prompts: the device loops beside `ar` on the host-driven compiled runner and on the
-    engine's graphed step, `--repeats` times."""
+    """bfloat16, held-out prompts: the device loops beside, on a GPU, `ar` on the host-driven compiled runner and on
+    the engine's graphed step; on the CPU (where the round runs op by op), the course's engine running `ar` and the
+    same two chains. `--repeats` times."""
     target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
     draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
     eagle = load_eagle(args.eagle, target)
@@ -252,23 +258,29 @@ def device_board(args, tokenizer, rows) -> dict:
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle})
     for loop in loops.values():
         loop.prepare()
-    plain = PlainRunner(target, graphs=True, compile=args.compile, capacity=capacity, budgets=(1,), record=record)
-    plain.prepare()
-    engine = ModelRunner(target, graphs=True, capacity=capacity, record=record)
+    if record:  # the GPU's baselines: the same compiled step driven from the host, and the engine's graphed step
+        plain = PlainRunner(target, graphs=True, compile=args.compile, capacity=capacity, budgets=(1,), record=record)
+        plain.prepare()
+        baselines = [("ar (plain runner, host loop)", plain, None, "ar", 1),
+                     ("ar (engine)", ModelRunner(target, graphs=True, capacity=capacity, record=record), None, "ar", 1)]
+    else:  # the CPU's: the course's engine (eager transformers forward), alone and with the same drafts and gammas
+        baselines = [("ar (engine)", target, None, "ar", 1),
+                     ("greedy (engine)", target, draft, "greedy", args.gamma_greedy),
+                     ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
     out = {"prepare_s": time.perf_counter() - t0, "gammas": {k: v.gamma for k, v in loops.items()},
            "anatomy": {k: v.anatomy() for k, v in loops.items()} if record else {}, "repeats": [], "records": []}
-    common = dict(max_new_tokens=args.max_new_tokens, gamma=1, temperature=0.0, top_p=1.0, seed=0,
-                  dtype_name="bfloat16", device=args.device)
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0, dtype_name="bfloat16",
+                  device=args.device, eagle=eagle)
     eos = tokenizer.eos_token_id
     for repeat in range(args.repeats):
         records = []
         for label, loop in loops.items():
             records += _run_loop(loop, label, encoded, rows, args.max_new_tokens, eos, args.device)
-        for label, runner in (("ar (plain runner, host loop)", plain), ("ar (engine)", engine)):
-            for r in run_benchmark(runner, None, tokenizer, rows, ["ar"], **common):
+        for label, runner, engine_draft, method, gamma in baselines:
+            for r in run_benchmark(runner, engine_draft, tokenizer, rows, [method], gamma=gamma, **common):
                 records.append({k: r[k] for k in ("id", "category", "new_token_ids", "wall_s", "new_tokens",
                                                   "target_calls", "drafted", "accepted")}
-                               | {"method": label, "gamma": 0})
+                               | {"method": label, "gamma": 0 if method == "ar" else gamma})
         for r in records:
             r["repeat"] = repeat
         out["repeats"].append({"over device ar": _summary(records, "ar (device)"),
@@ -296,6 +308,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default="medusa-heads")
     ap.add_argument("--eagle", default=EAGLE_NAME)
     ap.add_argument("--prompts", type=int, default=0, help="the first N held-out prompts (0: all)")
+    ap.add_argument("--per-category", type=int, default=0,
+                    help="instead: K held-out prompts of each category (prompts.eval_subset; 0: not used)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
@@ -316,7 +330,7 @@ def main(argv=None) -> int:
         args.compile = False
     elif not torch.cuda.is_available():
         ap.exit(2, "tree_graph_bench: needs a CUDA GPU (the committed JSON is the H100 run)\n")
-    rows = build_prompts("eval")
+    rows = eval_subset(args.per_category) if args.per_category else build_prompts("eval")
     rows = rows[:args.prompts] if args.prompts else rows
     _, tokenizer = load_model(args.target, device="cpu", dtype=torch.float32)
     torch.manual_seed(0)
