@@ -60,6 +60,10 @@ def test_eos_stops_and_the_cache_grows():
     loop = DeviceLoop(target, draft=draft, gamma=4, capacity=64)
     assert loop.generate(ids, 300).new_token_ids == reference  # past its first capacity
     assert loop.capacity >= 6 + 300
+    loop.set_gamma(2)  # a new gamma: the same tokens
+    assert loop.generate(ids, 300).new_token_ids == reference
+    with pytest.raises(ValueError, match="set_gamma takes"):
+        loop.set_gamma(0)
     eos = reference[12]
     stopped = generate(target, ids, 300, method="ar", eos_token_id=eos).new_token_ids
     assert loop.generate(ids, 300, eos_token_id=eos).new_token_ids == stopped
@@ -111,6 +115,13 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
         for name, loop in cases.items():
             assert loop.generate(ids, 40).new_token_ids == reference, name
             assert loop.graph is not None
+    # recorded again: after a new gamma, and after the buffers grow
+    loop = cases["greedy 4"]
+    loop.set_gamma(2)
+    assert loop.generate(ids, 40).new_token_ids == reference
+    long_ids = random_prompt(5, seed=9).cuda()
+    assert loop.generate(long_ids, 600).new_token_ids == generate(target, long_ids, 600, method="ar").new_token_ids
+    assert loop.capacity >= 605
 
 
 def test_the_device_drafts_accept_as_often_as_the_engines():

@@ -16,11 +16,12 @@ draft whose step is a fraction of that). Here everything a round needs lives on 
                bonus token = the target's argmax after them; both written into `tokens`; L += n + 1
     read back  n and the round's tokens: one small copy, the only time the host waits for the GPU
 
-No rollback is needed: every cache is indexed by position, a rejected draft's keys and values sit past the new
-L and are overwritten before anything attends to them (the mask hides them until then). Rounds have a fixed
-shape (gamma drafts, gamma+1 verified rows), which is what lets one graph serve every round; the price is
-that a round always drafts gamma tokens, even past the last one the caller asked for (the extra ones are
-dropped). gamma=0 is the target alone through the same machinery: the fair baseline.
+No rollback is needed: every cache is indexed by position. After a round that accepted n drafts, the first rejected
+draft's keys and values sit at the new L - 1, where the next round's first row (the newest committed token) writes
+before anything attends to them; the later ones sit past it, hidden by the mask until a later round overwrites
+them. Rounds have a fixed shape (gamma drafts, gamma+1 verified rows), which is what lets one graph serve every
+round; the price is that a round always drafts gamma tokens, even past the last one the caller asked for (the extra
+ones are dropped). gamma=0 is the target alone through the same machinery: the fair baseline.
 
 Greedy only: a sampled round needs the draft's and the target's distributions compared with random draws on
 the device (possible, not built here). The output is the target's own greedy output up to floating-point
@@ -51,8 +52,9 @@ class DeviceResult:
 
     @property
     def tau(self) -> float:
-        """Tokens per target pass (accepted drafts + the target's own token)."""
-        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+        """New tokens per round (one target pass each): tokens a round made past the end (`max_new_tokens` or an
+        EOS) are not counted, as in the benchmark's records."""
+        return len(self.new_token_ids) / max(len(self.accepted), 1)
 
 
 class DeviceLoop:
@@ -202,8 +204,8 @@ class DeviceLoop:
         self.tokens.index_copy_(0, rows[1:], drafts)
         self.tokens.index_copy_(0, L + n, best.gather(0, n.view(1)))  # the target's own token after them
         if self.head is not None:
-            # the head's entries (feature p, token p+1) for the verified positions; the one at the newest committed
-            # position L + n - 1 drafts the next round (rows past it are overwritten before anything reads them)
+            # the head's entries (feature p, token p+1) for the verified positions; entry L + n - 1, whose token is the
+            # newest committed one (at L + n), drafts the next round (rows past it are overwritten before being read)
             h, logits = self.steps["head"](features, self.tokens.index_select(0, rows + 1), rows, own=False)
             self.h0.copy_(h.index_select(0, n.view(1)))
             self.logits0.copy_(logits.index_select(0, n.view(1)))
@@ -240,10 +242,14 @@ class DeviceLoop:
         """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it."""
         if not self.graphs or self.graph is not None:
             return
+        warmups = 3 if self.compiled else 1
+        needed = 8 + (warmups + 1) * (self.gamma + 1) + 1  # the warm-up rounds advance L from 8, unreset
+        if needed > self.capacity:
+            self._allocate(needed)
         self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
         self._pool = torch.cuda.graph_pool_handle()  # a pool of its own: an earlier recording's may still be held
         with attention_backends(self.device):
-            self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=3 if self.compiled else 1)
+            self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=warmups)
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None) -> DeviceResult:
@@ -277,10 +283,10 @@ class DeviceLoop:
 
     @torch.no_grad()
     def anatomy(self, repeats: int = 200) -> dict:
-        """GPU milliseconds of one round and of its parts, each replayed `repeats` times from a graph of its own (CUDA
-        events around all the replays): the round, its gamma draft steps, the target's pass over gamma + 1 rows.
-        The state is reset before every replay (a dummy prompt of 8 tokens); the caches are left dirty (the next
-        `generate` resets them)."""
+        """GPU milliseconds of one round and of its parts, each replayed `repeats` times back to back (CUDA events
+        around all the replays): the round (the generation's own graph), its gamma draft steps and the target's pass
+        over gamma + 1 rows (a graph each). Before every replay a one-element fill resets L (a dummy prompt of 8
+        tokens): its kernel is inside the timing. The caches are left dirty (the next `generate` resets them)."""
         if not self.graphs:
             raise ValueError("anatomy() times CUDA graphs: it needs graphs=True on a CUDA GPU")
         self.prepare()

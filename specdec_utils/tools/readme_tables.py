@@ -371,7 +371,8 @@ def device_loop_table() -> str:
     rows = [f"{run['device']}, bfloat16, greedy, torch {run['torch']}, transformers {run['transformers']}, "
             f"{run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} tokens, "
             f"{run['repeats_completed']} run "
-            f"(bootstrap over prompts; no run-to-run spread). gamma tuned on {tune['prompts']} training prompts: "
+            f"(bootstrap over prompts; no run-to-run spread). gamma tuned on training prompts ("
+            f"{tune.get('selection', tune['prompts'])}): "
             + ", ".join(f"{m} {g}" for m, g in tune["best"].items())
             + f". float32 check ({identity['prompts']} prompts): every device loop gives the eager `ar` tokens: "
             f"{'yes' if same else 'NO'}.", "",

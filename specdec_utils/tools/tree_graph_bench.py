@@ -217,7 +217,8 @@ def device_tune(args, tokenizer, _rows) -> dict:
     loops = _device_loops(target, draft, eagle, capacity, args.compile, {"greedy": gammas[0],
                                                                          "eagle-chain": gammas[0]})
     eos = tokenizer.eos_token_id
-    out = {"split": "train", "prompts": len(rows), "gammas": gammas, "results": [], "best": {}}
+    out = {"split": "train", "prompts": len(rows), "categories": sorted({row["category"] for row in rows}),
+           "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {}}
     ar = loops.pop("ar (device)")
     base = report.tokens_per_second(_run_loop(ar, "ar (device)", encoded, rows, args.max_new_tokens, eos,
                                               args.device))
@@ -289,10 +290,36 @@ def device_board(args, tokenizer, rows) -> dict:
             print(f"repeat {repeat} {row['method']:>30}: {row['tok_per_s']:7.1f} tok/s, {row['speedup']:.2f}x, "
                   f"tau {row['tau'] or 0:.2f}", flush=True)
         out["records"] += records
+        board_fields(out, len(rows), args)
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({**out, "partial": repeat + 1 < args.repeats}, f)
+                json.dump({**out, **_versions(args), "partial": repeat + 1 < args.repeats}, f)
     return out
+
+
+def board_fields(out: dict, prompts: int, args) -> dict:
+    """What the notebook and the README read beside the records: each record's `same_as_device_ar` (its tokens equal
+    `ar (device)`'s for that prompt: bf16 rounds a 1-row and a several-row pass differently), the prompt count and
+    the repeats completed; `--slim` then drops the tokens (a smaller file to commit)."""
+    reference = {r["id"]: r["new_token_ids"] for r in out["records"] if r["method"] == "ar (device)"}
+    for r in out["records"]:
+        if "new_token_ids" in r:
+            r["same_as_device_ar"] = r["new_token_ids"] == reference.get(r["id"])
+            if args.slim:
+                del r["new_token_ids"]
+    out.update(split="eval", prompts=prompts, max_new_tokens=args.max_new_tokens,
+               repeats_completed=len(out["repeats"]))
+    return out
+
+
+def _versions(args) -> dict:
+    if args.device == "cuda":
+        device = torch.cuda.get_device_name()
+    else:
+        cpu = report.cpu_info()
+        device = f"{cpu['model']}, {cpu['cores']} cores, CPU kind {cpu['kind']}"
+    return {"device": device, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 PARTS = {"identity": identity, "board": board, "device-identity": device_identity, "device-tune": device_tune,
@@ -316,6 +343,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma-greedy", type=int, default=4, help="device parts: the draft's gamma")
     ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
     ap.add_argument("--gammas", default="2,3,4,5,6,8", help="device-tune: the gammas tried")
+    ap.add_argument("--slim", action="store_true", help="device-board: drop each record's tokens from the JSON")
     ap.add_argument("--tuned", help="device parts: take both gammas from this device-tune JSON (its best)")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
@@ -337,9 +365,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     with torch.inference_mode():
         result = PARTS[args.part](args, tokenizer, rows)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    result.update({"part": args.part, "device": device, "date": datetime.date.today().isoformat(),
-                   "torch": torch.__version__, "transformers": transformers.__version__, "compiled": args.compile,
+    result.update({"part": args.part, **_versions(args), "compiled": args.compile,
                    "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "wall_s": time.perf_counter() - t0,
                    "command": "python -m specdec_utils.tools.tree_graph_bench "
                    + " ".join(sys.argv[1:] if argv is None else argv)})
