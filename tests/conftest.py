@@ -112,6 +112,17 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
     return draft
 
 
+def random_eagle_head(target, seed: int):
+    """An untrained EAGLE head for `target` with its weights moved off their initial values (a head fresh from
+    `eagle_head_for` drafts almost nothing a random target accepts)."""
+    from specdec_utils.core import eagle
+    head = eagle.eagle_head_for(target, seed=seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    return head.eval()
+
+
 def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> torch.Tensor:
     """[1, length] random token ids, avoiding the tiny models' special ids 0-2."""
     return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))

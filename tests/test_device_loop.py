@@ -12,17 +12,9 @@ from specdec_utils.core import eagle
 from specdec_utils.core.device_loop import DeviceLoop
 from specdec_utils.models import tiny_model
 
-from conftest import noisy_copy, random_model, random_prompt
+from conftest import noisy_copy, random_eagle_head, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def random_head(target, seed: int):
-    head = eagle.eagle_head_for(target, seed=seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
-    return head.eval()
 
 
 def loops(target, draft, head):
@@ -34,7 +26,7 @@ def loops(target, draft, head):
 def test_every_round_gives_the_target_alones_tokens():
     target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.02, seed=1)
-    head = random_head(target, 2)
+    head = random_eagle_head(target, 2)
     cases = loops(target, draft, head)
     for seed, length in ((5, 2), (6, 9), (7, 17)):  # 2: the shortest prompt the loop takes
         ids = random_prompt(length, seed=seed)
@@ -106,7 +98,7 @@ def test_the_loop_refuses_what_it_cannot_run():
 def test_the_recorded_round_gives_the_target_alones_tokens():
     target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.02, seed=1).cuda()
-    head = random_head(target, 2)  # made on the CPU, then moved with the target
+    head = random_eagle_head(target, 2)  # made on the CPU, then moved with the target
     target, head = target.cuda(), head.cuda()
     cases = loops(target, draft, head)
     for seed in (5, 6):
@@ -129,7 +121,7 @@ def test_the_device_drafts_accept_as_often_as_the_engines():
     engine: the same drafts, not only the same output."""
     target = random_model("tiny-llama", seed=0, vocab=6)  # a small vocabulary: a random head is right at times
     draft = noisy_copy(target, noise=0.2, seed=1)
-    head = random_head(target, 2)
+    head = random_eagle_head(target, 2)
     ids = random_prompt(12, seed=8, vocab=6)
     first = generate(target, ids, 1, method="ar").new_token_ids
     for method, kwargs, skip in (("greedy", {"draft": draft}, 0), ("eagle-chain", {"head": head}, 1)):

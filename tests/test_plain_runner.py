@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.core import eagle
 from specdec_utils.core.engine import Sampler
 from specdec_utils.core.hidden import capture_hidden
 from specdec_utils.core.medusa import MedusaHeads
@@ -16,7 +15,7 @@ from specdec_utils.core.tree import chain_parents
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
 
-from conftest import noisy_copy, random_model, random_prompt
+from conftest import noisy_copy, random_eagle_head, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 MODES = {"eager": dict(graphs=False), "padded": dict(graphs=True, record=False)}
@@ -28,14 +27,6 @@ def untied_target(vocab: int, seed: int):
     weight = torch.randn(vocab, 64, generator=torch.Generator().manual_seed(seed)) / 8
     target.lm_head.weight = torch.nn.Parameter(weight)
     return target
-
-
-def random_head(target, seed: int):
-    head = eagle.eagle_head_for(target, seed=seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
-    return head.eval()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -96,7 +87,7 @@ def test_every_method_through_the_plain_runner_is_token_identical_to_the_target_
     target = random_model("tiny-llama", seed=0)
     draft = noisy_copy(target, noise=0.02, seed=1)
     heads = MedusaHeads(target, 3)
-    head = random_head(target, 2)
+    head = random_eagle_head(target, 2)
     for seed, length in ((5, 9), (6, 17)):
         ids = random_prompt(length, seed=seed)
         reference = generate(target, ids, 40, method="ar").new_token_ids
@@ -147,7 +138,7 @@ def test_the_runner_grows_past_its_first_capacity():
 def test_sampled_eagle_tree_through_the_padded_step_is_exact():
     """The enumeration test of the EAGLE lesson, with the target on the plain runner's padded step."""
     target = untied_target(4, 1)
-    head = random_head(target, 5)
+    head = random_eagle_head(target, 5)
     prompt = torch.tensor([[1, 3, 0]])
     exact = exact_distribution(target, prompt, 5, Sampler(1.0))
     runner = PlainRunner(target, graphs=True, record=False)
@@ -161,7 +152,7 @@ def test_sampled_eagle_tree_through_the_padded_step_is_exact():
 def test_recorded_graphs_replay_the_padded_step():
     target = untied_target(64, 6)
     draft = noisy_copy(target, noise=0.02, seed=1).cuda()
-    head = random_head(target, 2)  # made on the CPU (its random offsets are), then moved with the target
+    head = random_eagle_head(target, 2)  # made on the CPU (its random offsets are), then moved with the target
     target, head = target.cuda(), head.cuda()
     ids = torch.randint(3, 64, (1, 9), generator=torch.Generator().manual_seed(3)).cuda()
     reference = generate(target, ids, 40, method="ar").new_token_ids
