@@ -101,6 +101,8 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
     head = random_eagle_head(target, 2)  # made on the CPU, then moved with the target
     target, head = target.cuda(), head.cuda()
     cases = loops(target, draft, head)
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    cases["eagle tree 4x3x12"] = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=12)
     for seed in (5, 6):
         ids = random_prompt(13, seed=seed).cuda()
         reference = generate(target, ids, 40, method="ar").new_token_ids
@@ -165,17 +167,101 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     run("--part", "device-identity", "--out", str(tmp_path / "identity.json"))
     identity = json.loads((tmp_path / "identity.json").read_text())
-    assert identity["methods"] == {"ar (device)": 1, "greedy (device)": 1, "eagle-chain (device)": 1}
-    run("--part", "device-tune", "--gammas", "2,3", "--out", str(tmp_path / "tune.json"))
+    assert identity["methods"] == {"ar (device)": 1, "greedy (device)": 1, "eagle-chain (device)": 1,
+                                   "eagle (device)": 1}
+    run("--part", "device-tune", "--gammas", "2,3", "--trees", "3x2x4,4x3x8", "--out", str(tmp_path / "tune.json"))
     tune = json.loads((tmp_path / "tune.json").read_text())
     assert [(r["method"], r["gamma"]) for r in tune["results"]] == [
-        ("greedy (device)", 2), ("greedy (device)", 3), ("eagle-chain (device)", 2), ("eagle-chain (device)", 3)]
+        ("greedy (device)", 2), ("greedy (device)", 3), ("eagle-chain (device)", 2), ("eagle-chain (device)", 3),
+        ("eagle (device)", 3), ("eagle (device)", 4)]
     run("--part", "device-board", "--repeats", "1", "--tuned", str(tmp_path / "tune.json"),
         "--out", str(tmp_path / "board.json"))
     board = json.loads((tmp_path / "board.json").read_text())
     assert board["gammas"]["greedy (device)"] == tune["best"]["greedy (device)"]
+    assert board["tree"] == tune["best"]["eagle (device)"]
     assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
-                                                        "ar (engine)", "greedy (engine)", "eagle-chain (engine)"}
+                                                        "eagle (device)", "ar (engine)", "greedy (engine)",
+                                                        "eagle-chain (engine)"}
     engine = {r["method"]: r for r in board["records"] if "(engine)" in r["method"]}
     assert engine["greedy (engine)"]["gamma"] == board["gammas"]["greedy (device)"]
     assert all(len(r["new_token_ids"]) == 8 for r in board["records"])
+
+
+def test_the_device_tree_gives_the_target_alones_tokens():
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = random_model("tiny-llama", seed=0)
+    head = random_eagle_head(target, 2)
+    for seed, length in ((5, 2), (6, 9), (7, 17)):
+        ids = random_prompt(length, seed=seed)
+        reference = generate(target, ids, 40, method="ar").new_token_ids
+        for depth, topk, nodes in ((1, 1, 1), (3, 2, 5), (4, 3, 12), (6, 4, 24), (3, 4, 4 + 2 * 16)):
+            loop = DeviceTreeLoop(target, head, depth=depth, topk=topk, nodes=nodes)
+            assert loop.generate(ids, 40).new_token_ids == reference, (seed, depth, topk, nodes)
+
+
+def test_a_tree_holding_every_token_accepts_a_whole_level_each_round():
+    """With topk = the vocabulary, depth 2 and every candidate kept, the tree holds every token at depth 1 and every
+    pair below it: the target's next two tokens are always in it, so every round accepts exactly 2."""
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = random_model("tiny-llama", seed=1, vocab=6)
+    head = random_eagle_head(target, 3)
+    ids = random_prompt(7, seed=2, vocab=6)
+    loop = DeviceTreeLoop(target, head, depth=2, topk=6, nodes=6 + 36)
+    out = loop.generate(ids, 30)
+    assert out.new_token_ids == generate(target, ids, 30, method="ar").new_token_ids
+    assert out.accepted == [2] * 10
+    with pytest.raises(ValueError, match="nodes must be at most"):
+        DeviceTreeLoop(target, head, depth=2, topk=6, nodes=43)
+    with pytest.raises(ValueError, match="topk must be at most"):
+        DeviceTreeLoop(target, head, depth=2, topk=7, nodes=3)
+
+
+def test_deep_acceptance_in_the_device_tree():
+    """A small vocabulary makes a random head right often, so whole paths of several nodes are accepted: the target
+    must see each node's ancestors (its mask) and the accepted path's keys and values must move into place."""
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = random_model("tiny-llama", seed=4, vocab=6)
+    head = random_eagle_head(target, 5)
+    deepest = 0
+    for seed in (1, 2, 3):
+        ids = random_prompt(6, seed=seed, vocab=6)
+        loop = DeviceTreeLoop(target, head, depth=5, topk=3, nodes=30)
+        out = loop.generate(ids, 60)
+        assert out.new_token_ids == generate(target, ids, 60, method="ar").new_token_ids
+        deepest = max(deepest, max(out.accepted))
+        # the committed part of the target's cache equals a fresh prefill of the same tokens
+        L = int(loop.L)
+        fresh = DeviceLoop(target, gamma=0)
+        fresh._begin(loop.tokens[:L].clone())
+        for mine, theirs in ((loop.target.keys, fresh.target.keys), (loop.target.values, fresh.target.values)):
+            torch.testing.assert_close(mine[..., :L - 1, :], theirs[..., :L - 1, :], atol=1e-5, rtol=1e-4)
+    assert deepest >= 3
+
+
+def test_the_device_tree_scores_every_candidate_by_its_own_path():
+    """Each candidate's score is the head's log-probability of its path, drafted as a chain through its ancestors
+    alone (a reference written here, one node at a time): what the frontier's masks must give."""
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = random_model("tiny-llama", seed=0)
+    head = random_eagle_head(target, 2)
+    ids = random_prompt(9, seed=1)[0]
+    loop = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10)
+    with torch.no_grad():
+        loop._begin(ids)
+        tokens, scores, parents, depths = loop._grow(loop.L)
+        chain = DeviceLoop(target, head=head, gamma=1)
+        L = int(loop.L)
+        for i in range(len(tokens)):
+            path, j = [], i
+            while j >= 0:
+                path.append(j)
+                j = int(parents[j])
+            path.reverse()
+            assert len(path) == int(depths[i])
+            chain._begin(ids)
+            h, logits, total = chain.h0, chain.logits0, 0.0
+            for step, j in enumerate(path):
+                total += float(torch.log_softmax(logits[0].float(), -1)[tokens[j]])
+                if step + 1 < len(path):  # the entry (h, token) at position L - 1 + step, seeing only its own path
+                    h, logits = chain._head_step(h, tokens[j:j + 1], torch.tensor([L - 1 + step]), own=True)
+            assert abs(total - float(scores[i])) < 1e-4, (i, path)

@@ -23,6 +23,10 @@ them. Rounds have a fixed shape (gamma drafts, gamma+1 verified rows), which is 
 round; the price is that a round always drafts gamma tokens, even past the last one the caller asked for (the extra
 ones are dropped). gamma=0 is the target alone through the same machinery: the fair baseline.
 
+`DeviceTreeLoop` does the same for EAGLE-2's dynamic tree in fixed shapes (the frontier grown one head step per depth,
+the nodes reranked, one tree pass, the acceptance walk as tensor operations, the accepted path's keys and values
+gathered into place).
+
 Greedy only: a sampled round needs the draft's and the target's distributions compared with random draws on
 the device (possible, not built here). The output is the target's own greedy output up to floating-point
 rounding (float32: the same tokens, tested on the CPU against transformers' forward and measured on the GPU).
@@ -87,6 +91,7 @@ class DeviceLoop:
             raise ValueError("compile=True needs graphs=True on a CUDA GPU (the compiled round is replayed from a "
                              "CUDA graph)")
         self.gamma, self.head, self.compiled = gamma, head, bool(compile)
+        self.scratch = getattr(self, "scratch", 0)  # head cache slots past the positions (a tree's entries)
         self.method = "ar" if gamma == 0 else ("greedy" if draft is not None else "eagle-chain")
         self.target = PlainLlama(target, 1, CHUNK)
         self.draft = PlainLlama(draft, 1, CHUNK) if draft is not None else None
@@ -109,6 +114,11 @@ class DeviceLoop:
         self.gamma = gamma
         self._allocate(self.capacity)
 
+    @property
+    def span(self) -> int:
+        """How many slots past L a round may write (the verified rows, and the token after them)."""
+        return self.gamma + 1
+
     # ------------------------------------------------------------------ buffers
     def _allocate(self, capacity: int) -> None:
         capacity = -(-max(capacity, CHUNK) // CHUNK) * CHUNK
@@ -124,11 +134,12 @@ class DeviceLoop:
             if self.head is not None:
                 head = self.head
                 weight = head.k.weight
-                self.head_k = weight.new_zeros(head.n_kv, capacity, head.head_dim)
+                self.head_k = weight.new_zeros(head.n_kv, capacity + self.scratch, head.head_dim)
                 self.head_v = torch.zeros_like(self.head_k)
                 self.h0 = weight.new_zeros(1, head.hidden_size)
                 self.logits0 = weight.new_zeros(1, head.draft_vocab)
         self.cols = torch.arange(capacity, device=device)
+        self.head_cols = torch.arange(capacity + self.scratch, device=device)
         self.offsets = torch.arange(self.gamma + 2, device=device)
         self.graph = None  # recorded on the old buffers
 
@@ -152,17 +163,20 @@ class DeviceLoop:
         x, _ = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity)
         return core.logits(x[:, -1])[0].argmax(-1, keepdim=True)
 
-    def _head_step(self, features, tokens, rows, own: bool):
+    def _head_step(self, features, tokens, rows, own: bool, slots=None, mask=None):
         """The EAGLE head's layer over entries (features [n, F|H], tokens [n]) at positions `rows` [n], its keys
-        and values written at those slots: (h [n, H], draft-vocabulary logits [n, V'])."""
+        and values written at slots `slots` (default: the positions), attending where `mask` [n, slots of the head's
+        cache] allows (default: slot <= position): (h [n, H], draft-vocabulary logits [n, V'])."""
         head = self.head
+        slots = rows if slots is None else slots
+        mask = self.head_cols[None] <= rows[:, None] if mask is None else mask
         x, r = head.inputs(features, tokens, own)
         q, k, v = head.qkv(x, rows)  # q [heads, n, d]; k, v [kv heads, n, d]
-        self.head_k.index_copy_(1, rows, k)
-        self.head_v.index_copy_(1, rows, v)
-        n, group, kv = rows.shape[0], head.n_heads // head.n_kv, head.n_kv
+        self.head_k.index_copy_(1, slots, k)
+        self.head_v.index_copy_(1, slots, v)
+        n, group, kv, width = rows.shape[0], head.n_heads // head.n_kv, head.n_kv, mask.shape[-1]
         # the query heads sharing a key/value head become group * n rows of it (the cache is read once)
-        mask = self._visible(rows)[None].expand(group, n, self.capacity).reshape(group * n, self.capacity)
+        mask = mask[None].expand(group, n, width).reshape(group * n, width)
         att = F.scaled_dot_product_attention(q.reshape(kv, group * n, -1)[None], self.head_k[None], self.head_v[None],
                                              attn_mask=mask[None, None])[0]
         h = head.finish(att.reshape(head.n_heads, n, -1), r)
@@ -243,7 +257,7 @@ class DeviceLoop:
         if not self.graphs or self.graph is not None:
             return
         warmups = 3 if self.compiled else 1
-        needed = 8 + (warmups + 1) * (self.gamma + 1) + 1  # the warm-up rounds advance L from 8, unreset
+        needed = 8 + warmups * (self.gamma + 1) + self.span + 1  # the warm-up rounds advance L from 8, unreset
         if needed > self.capacity:
             self._allocate(needed)
         self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
@@ -264,7 +278,7 @@ class DeviceLoop:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         eos = as_id_set(eos_token_id)
-        needed = ids.shape[0] + max_new_tokens + self.gamma + 2
+        needed = ids.shape[0] + max_new_tokens + self.span + 1
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         self.prepare()
@@ -282,24 +296,30 @@ class DeviceLoop:
         return DeviceResult(new[:max_new_tokens], accepted)
 
     @torch.no_grad()
+    def _parts(self) -> dict:
+        """The parts `anatomy` times on their own: the drafting, and the target's pass over gamma + 1 rows."""
+        rows = 7 + self.offsets[:self.gamma + 1]
+        ids = torch.zeros(self.gamma + 1, dtype=torch.long, device=self.device)
+        parts = {"verify": lambda: self.steps["verify"](ids, rows)}
+        if self.gamma:
+            parts["draft"] = lambda: self._draft(self.L)
+        return parts
+
     def anatomy(self, repeats: int = 200) -> dict:
         """GPU milliseconds of one round and of its parts, each replayed `repeats` times back to back (CUDA events
-        around all the replays): the round (the generation's own graph), its gamma draft steps and the target's pass
-        over gamma + 1 rows (a graph each). Before every replay a one-element fill resets L (a dummy prompt of 8
+        around all the replays): the round (the generation's own graph), its drafting and the target's pass (a graph
+        each: `_parts`). Before every replay a one-element fill resets L (a dummy prompt of 8
         tokens): its kernel is inside the timing. The caches are left dirty (the next `generate` resets them)."""
         if not self.graphs:
             raise ValueError("anatomy() times CUDA graphs: it needs graphs=True on a CUDA GPU")
         self.prepare()
         prompt = torch.zeros(8, dtype=torch.long, device=self.device)
         self._begin(prompt)
-        rows = 7 + self.offsets[:self.gamma + 1]
-        ids = torch.zeros(self.gamma + 1, dtype=torch.long, device=self.device)
         parts = {"round": self.graph}
         with attention_backends(self.device):
             pool = torch.cuda.graph_pool_handle()
-            parts["verify"], _ = record_cuda_graph(lambda: self.steps["verify"](ids, rows), pool)
-            if self.gamma:
-                parts["draft"], _ = record_cuda_graph(lambda: self._draft(self.L), pool)
+            for name, step in self._parts().items():
+                parts[name], _ = record_cuda_graph(step, pool)
         out = {}
         for name, graph in parts.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -314,3 +334,151 @@ class DeviceLoop:
             torch.cuda.synchronize()
             out[f"{name}_ms"] = start.elapsed_time(end) / repeats
         return out
+
+
+class DeviceTreeLoop(DeviceLoop):
+    """EAGLE-2's dynamic tree with the whole round on the device (greedy), in fixed shapes, so that one CUDA graph
+    replays it (the static form of the tree that SGLang records):
+
+    grow    from the head's output for the newest committed entry, the `topk` best tokens are depth 1; then for
+            each depth d < `depth`, the `topk` frontier nodes are fed to the head in one step (each attends to the
+            committed entries, its ancestors and itself), each proposes its `topk` best children, and the `topk`
+            children with the highest path log-probability (over all the frontier's) become the next frontier
+    rerank  the `nodes` candidates of highest path log-probability, over every depth, are the tree (a child never
+            outranks its parent: its log-probability adds a log-probability <= 0, and a tiny depth penalty breaks ties)
+    verify  one target pass over the newest committed token (the root, slot L-1) and the nodes (slots L..L+nodes-1,
+            positions L-1+depth), each seeing the committed prefix, its ancestors and itself
+    accept  a node is right when its token is the target's argmax at its parent; the deepest node whose ancestors are
+            all right gives n, the target's argmax there the token after them (siblings hold distinct tokens, so
+            at most one child of a node can be right: the accepted path is unique)
+    commit  the path's tokens into `tokens`, their keys and values copied to slots L..L+depth-1 (one gather per
+            buffer), the head's entries for the path computed from the path's target features, L += n + 1
+
+    Every shape is fixed by (depth, topk, nodes): the frontier is always `topk` wide, the pool of candidates
+    topk + (depth - 1) * topk^2, the verified rows nodes + 1."""
+
+    def __init__(self, target, head, depth: int = 6, topk: int = 4, nodes: int = 24, capacity: int = 512,
+                 graphs: bool | None = None, compile: bool = False):
+        for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if head is None:
+            raise ValueError("the device tree is EAGLE's: give an EAGLE head")
+        pool = topk + (depth - 1) * topk * topk
+        if nodes > pool:
+            raise ValueError(f"nodes must be at most the candidates a tree of depth {depth} and topk {topk} grows "
+                             f"(topk + (depth - 1) * topk^2 = {pool}), got {nodes}")
+        if topk > head.draft_vocab:
+            raise ValueError(f"topk must be at most the head's vocabulary ({head.draft_vocab}), got {topk}")
+        self.topk, self.nodes, self.pool = topk, nodes, pool
+        self.scratch = (depth - 1) * topk  # the frontier entries of depths 1..depth-1, past the positions
+        super().__init__(target, head=head, gamma=depth, capacity=capacity, graphs=graphs, compile=compile)
+        self.method = "eagle"
+        self.steps["verify_tree"] = self._verify_tree
+        if self.compiled:
+            self.steps["verify_tree"] = torch.compile(self._verify_tree, dynamic=False)
+
+    @property
+    def span(self) -> int:
+        return max(self.gamma, self.nodes) + 1
+
+    def set_gamma(self, gamma: int) -> None:
+        raise ValueError("a device tree's shape is fixed by (depth, topk, nodes): build a new DeviceTreeLoop")
+
+    def _verify_tree(self, ids, positions, slots, mask):
+        """The target's pass over a tree: `ids` [n] at `positions` [n], written at `slots` [n], attending where `mask`
+        [n, capacity] allows: (its argmax at every row [n], the EAGLE features [n, F])."""
+        core = self.target
+        x, tapped = core.body(ids[None], positions[None], slots, mask[None], self.capacity, self.taps)
+        return core.logits(x)[0].argmax(-1), torch.cat(tapped, -1)[0]
+
+    def _grow(self, L):
+        """The candidate pool: (draft-vocabulary tokens [pool], path log-probabilities [pool], parents [pool]: a
+        pool index or -1, depths [pool])."""
+        D, K, C, device = self.gamma, self.topk, self.capacity, self.device
+        rows_k = torch.arange(K, device=device)
+        score, token = torch.log_softmax(self.logits0[0].float(), -1).topk(K)
+        tokens, scores = [token], [score]
+        parents, depths = [torch.full((K,), -1, device=device)], [torch.ones(K, dtype=torch.long, device=device)]
+        front, front_score, h = rows_k, score, self.h0.expand(K, -1)
+        ancestors = torch.zeros(K, self.scratch, dtype=torch.bool, device=device)  # frontier entries on the path
+        committed = self.head_cols[None] <= L - 2  # the head's committed entries (positions 0 .. L-2)
+        for d in range(1, D):
+            slots = C + (d - 1) * K + rows_k
+            mask = committed | torch.cat([torch.zeros(K, C, dtype=torch.bool, device=device), ancestors], -1)
+            mask = mask | (self.head_cols[None] == slots[:, None])
+            h_next, logits = self.steps["head"](h, self._to_full(token), (L - 2 + d).expand(K), own=True, slots=slots,
+                                                mask=mask)
+            child_score, child = torch.log_softmax(logits.float(), -1).topk(K, -1)  # [K, K]
+            paths = (front_score[:, None] + child_score).flatten()
+            base = K + (d - 1) * K * K
+            tokens.append(child.flatten())
+            scores.append(paths)
+            parents.append(front.repeat_interleave(K))
+            depths.append(torch.full((K * K,), d + 1, dtype=torch.long, device=device))
+            if d + 1 < D:  # the next frontier: the K best children
+                front_score, best = paths.topk(K)
+                row = best // K
+                front, token, h = base + best, child.flatten()[best], h_next[row]
+                ancestors = ancestors[row]
+                ancestors[rows_k, (d - 1) * K + row] = True
+        return torch.cat(tokens), torch.cat(scores), torch.cat(parents), torch.cat(depths)
+
+    def _round(self):
+        D, N, L, device = self.gamma, self.nodes, self.L, self.device
+        token_p, score_p, parent_p, depth_p = self._grow(L)
+        P = self.pool
+        # ancestors-or-self in the pool (pointer doubling over the parent matrix)
+        rows_p = torch.arange(P, device=device)
+        has_parent = parent_p >= 0
+        anc = torch.eye(P, device=device)
+        anc[rows_p[has_parent], parent_p[has_parent]] = 1.0
+        for _ in range(max(1, (D - 1).bit_length())):
+            anc = ((anc + anc @ anc) > 0).float()
+        sel = (score_p - depth_p * 1e-4).topk(N).indices  # the tree: ancestor-closed
+        anc_sel = anc[sel][:, sel] > 0  # [N, N]: k is j's ancestor or j itself
+        depth = depth_p[sel]
+        nodes = self._to_full(token_p[sel])
+        # the target's pass: the root at slot L-1, node j at slot L + j and position L - 1 + depth
+        ids = torch.cat([self.tokens.index_select(0, L - 1), nodes])
+        positions = torch.cat([L - 1, L - 1 + depth])
+        slots = L - 1 + self.node_offsets
+        mask = (self.cols[None] <= L - 1).expand(N + 1, -1).clone()
+        mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
+                             | anc_sel)
+        best, features = self.steps["verify_tree"](ids, positions, slots, mask)
+        # accept: right = the target's argmax at the parent; ok = right with every ancestor right
+        parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
+        right = nodes == best[parent_row]
+        ok = right & ~(anc_sel & ~right[None]).any(-1)
+        reach = torch.where(ok, depth, 0)
+        n = reach.max()
+        deepest = reach.argmax()
+        bonus = best.gather(0, torch.where(n > 0, 1 + deepest, 0).view(1))
+        # the path: the ancestor (or self) of the deepest right node at each depth 1..D (past n: any node, unused)
+        on_path = anc_sel[deepest][None] & (depth[None] == self.offsets[1:D + 1, None])
+        path = on_path.float().argmax(-1)  # [D]
+        self.tokens.index_copy_(0, L + self.offsets[:D], nodes[path])
+        self.tokens.index_copy_(0, L + n, bonus)
+        core = self.target
+        for buffer in (core.keys, core.values):  # the path's keys and values to slots L .. L+D-1
+            buffer.index_copy_(3, L + self.offsets[:D], buffer.index_select(3, L + path))
+        rows = L - 1 + self.offsets[:D + 1]
+        h, logits = self.steps["head"](features.index_select(0, torch.cat([self.offsets[:1], 1 + path])),
+                                       self.tokens.index_select(0, rows + 1), rows, own=False)
+        self.h0.copy_(h.index_select(0, n.view(1)))
+        self.logits0.copy_(logits.index_select(0, n.view(1)))
+        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:D + 1])]))
+        self.L.add_(n + 1)
+        return self.out
+
+    def _allocate(self, capacity: int) -> None:
+        super()._allocate(capacity)
+        self.node_offsets = torch.arange(self.nodes + 1, device=self.device)
+
+    def _parts(self) -> dict:
+        """The tree's growth, and the target's pass over nodes + 1 rows (a chain's mask: the cost is the same)."""
+        rows = 7 + self.node_offsets
+        ids = torch.zeros(self.nodes + 1, dtype=torch.long, device=self.device)
+        mask = self.cols[None] <= rows[:, None]
+        return {"verify": lambda: self.steps["verify_tree"](ids, rows, rows, mask), "draft": lambda: self._grow(self.L)}

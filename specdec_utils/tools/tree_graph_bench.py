@@ -39,7 +39,7 @@ import torch
 import transformers
 
 from .. import report
-from ..core.device_loop import DeviceLoop
+from ..core.device_loop import DeviceLoop, DeviceTreeLoop
 from ..core.eagle import EAGLE_NAME, load_eagle
 from ..core.medusa import load_heads
 from ..core.methods import generate
@@ -146,7 +146,22 @@ def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: d
     if "eagle-chain" in gammas:
         loops["eagle-chain (device)"] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
                                                    capacity=capacity, compile=compiled)
+    if gammas.get("eagle"):
+        depth, topk, nodes = gammas["eagle"]
+        loops["eagle (device)"] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
+                                                 capacity=capacity, compile=compiled)
     return loops
+
+
+def _tree_shape(text: str) -> tuple:
+    """'6x4x24' -> (depth 6, topk 4, nodes 24); '' -> None (no tree)."""
+    if not text:
+        return None
+    try:
+        depth, topk, nodes = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise SystemExit(f"tree_graph_bench: a tree shape is DEPTHxTOPKxNODES (e.g. 6x4x24), got {text!r}") from None
+    return depth, topk, nodes
 
 
 def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
@@ -182,10 +197,11 @@ def device_identity(args, tokenizer, rows) -> dict:
     capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, args.compile,
-                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle})
+                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
+                           "eagle": _tree_shape(args.tree)})
     for loop in loops.values():
         loop.prepare()
-    out = {"prompts": len(rows), "prepare_s": time.perf_counter() - t0,
+    out = {"prompts": len(rows), "tree": args.tree, "prepare_s": time.perf_counter() - t0,
            "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
     taus = {k: [] for k in loops}
     for ids in encoded:
@@ -241,6 +257,23 @@ def device_tune(args, tokenizer, _rows) -> dict:
                     json.dump({**out, "partial": True}, f, indent=1)
         mine = [r for r in out["results"] if r["method"] == label]
         out["best"][label] = max(mine, key=lambda r: r["tok_per_s"])["gamma"]
+    for shape in filter(None, args.trees.split(",")):
+        depth, topk, nodes = _tree_shape(shape)
+        t0 = time.perf_counter()
+        loop = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity,
+                              compile=args.compile)
+        loop.prepare()
+        prepare_s = time.perf_counter() - t0
+        records = _run_loop(loop, "eagle (device)", encoded, rows, args.max_new_tokens, eos, args.device)
+        rate = report.tokens_per_second(records)
+        result = {"method": "eagle (device)", "tree": shape, "gamma": depth, "tok_per_s": rate, "over_ar": rate / base,
+                  "tau": report.tokens_per_target_call(records), "prepare_s": prepare_s,
+                  **(loop.anatomy() if args.device == "cuda" else {})}
+        out["results"].append(result)
+        print(json.dumps(result), flush=True)
+    trees = [r for r in out["results"] if r["method"] == "eagle (device)"]
+    if trees:
+        out["best"]["eagle (device)"] = max(trees, key=lambda r: r["tok_per_s"])["tree"]
     return out
 
 
@@ -256,7 +289,8 @@ def device_board(args, tokenizer, rows) -> dict:
     record = args.device == "cuda"
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, args.compile,
-                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle})
+                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
+                           "eagle": _tree_shape(args.tree)})
     for loop in loops.values():
         loop.prepare()
     if record:  # the GPU's baselines: the same compiled step driven from the host, and the engine's graphed step
@@ -268,7 +302,7 @@ def device_board(args, tokenizer, rows) -> dict:
         baselines = [("ar (engine)", target, None, "ar", 1),
                      ("greedy (engine)", target, draft, "greedy", args.gamma_greedy),
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
-    out = {"prepare_s": time.perf_counter() - t0, "gammas": {k: v.gamma for k, v in loops.items()},
+    out = {"prepare_s": time.perf_counter() - t0, "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
            "anatomy": {k: v.anatomy() for k, v in loops.items()} if record else {}, "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0, dtype_name="bfloat16",
                   device=args.device, eagle=eagle)
@@ -344,7 +378,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
     ap.add_argument("--gammas", default="2,3,4,5,6,8", help="device-tune: the gammas tried")
     ap.add_argument("--slim", action="store_true", help="device-board: drop each record's tokens from the JSON")
-    ap.add_argument("--tuned", help="device parts: take both gammas from this device-tune JSON (its best)")
+    ap.add_argument("--tuned", help="device parts: take the gammas (and tree) from this device-tune JSON (its best)")
+    ap.add_argument("--tree", default="6x4x24", help="device parts: EAGLE's device tree, DEPTHxTOPKxNODES ('': none)")
+    ap.add_argument("--trees", default="", help="device-tune: the tree shapes tried, comma-separated")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -354,6 +390,7 @@ def main(argv=None) -> int:
         with open(args.tuned) as f:
             best = json.load(f)["best"]
         args.gamma_greedy, args.gamma_eagle = best["greedy (device)"], best["eagle-chain (device)"]
+        args.tree = best.get("eagle (device)", args.tree)
     if args.device == "cpu":
         args.compile = False
     elif not torch.cuda.is_available():
