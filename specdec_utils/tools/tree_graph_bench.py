@@ -164,6 +164,24 @@ def _tree_shape(text: str) -> tuple:
     return depth, topk, nodes
 
 
+def _device_setup(args, tokenizer, rows, dtype, headroom: int):
+    """The models in `dtype`, the prompts encoded, and the device loops (ar, the two chains at the asked gammas, the
+    tree at `--tree`) built with room for the longest prompt plus `headroom`, each prepared (recorded and compiled
+    on a GPU). Returns (target, draft, eagle head, encoded prompts, capacity, loops, seconds spent preparing)."""
+    target, _ = load_model(args.target, device=args.device, dtype=dtype)
+    draft, _ = load_model(args.draft, device=args.device, dtype=dtype)
+    eagle = load_eagle(args.eagle, target)
+    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
+    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + headroom
+    t0 = time.perf_counter()
+    loops = _device_loops(target, draft, eagle, capacity, args.compile,
+                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
+                           "eagle": _tree_shape(args.tree)})
+    for loop in loops.values():
+        loop.prepare()
+    return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
+
+
 def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
     """One record per prompt, in the fields `report.summarize` reads (target_calls: the rounds; the prefill, which
     produces no token here, is not counted)."""
@@ -190,18 +208,8 @@ def _summary(records, baseline: str) -> list[dict]:
 
 def device_identity(args, tokenizer, rows) -> dict:
     """float32: every device loop against transformers' eager `ar`, prompt by prompt."""
-    target, _ = load_model(args.target, device=args.device, dtype=torch.float32)
-    draft, _ = load_model(args.draft, device=args.device, dtype=torch.float32)
-    eagle = load_eagle(args.eagle, target)
-    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
-    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16
-    t0 = time.perf_counter()
-    loops = _device_loops(target, draft, eagle, capacity, args.compile,
-                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": _tree_shape(args.tree)})
-    for loop in loops.values():
-        loop.prepare()
-    out = {"prompts": len(rows), "tree": args.tree, "prepare_s": time.perf_counter() - t0,
+    target, _, _, encoded, _, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32, headroom=16)
+    out = {"prompts": len(rows), "tree": args.tree, "prepare_s": prepare_s,
            "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
     taus = {k: [] for k in loops}
     for ids in encoded:
@@ -281,18 +289,10 @@ def device_board(args, tokenizer, rows) -> dict:
     """bfloat16, held-out prompts: the device loops beside, on a GPU, `ar` on the host-driven compiled runner and on
     the engine's graphed step; on the CPU (where the round runs op by op), the course's engine running `ar` and the
     same two chains. `--repeats` times."""
-    target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
-    draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
-    eagle = load_eagle(args.eagle, target)
-    encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
-    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 80
+    target, draft, eagle, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.bfloat16,
+                                                                               headroom=80)
     record = args.device == "cuda"
-    t0 = time.perf_counter()
-    loops = _device_loops(target, draft, eagle, capacity, args.compile,
-                          {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": _tree_shape(args.tree)})
-    for loop in loops.values():
-        loop.prepare()
+    t0 = time.perf_counter() - prepare_s
     if record:  # the GPU's baselines: the same compiled step driven from the host, and the engine's graphed step
         plain = PlainRunner(target, graphs=True, compile=args.compile, capacity=capacity, budgets=(1,), record=record)
         plain.prepare()
