@@ -194,7 +194,8 @@ def test_the_device_tree_gives_the_target_alones_tokens():
     for seed, length in ((5, 2), (6, 9), (7, 17)):
         ids = random_prompt(length, seed=seed)
         reference = generate(target, ids, 40, method="ar").new_token_ids
-        for depth, topk, nodes in ((1, 1, 1), (3, 2, 5), (4, 3, 12), (6, 4, 24), (3, 4, 4 + 2 * 16)):
+        for depth, topk, nodes in ((1, 1, 1), (3, 2, 5), (4, 3, 12), (6, 4, 24), (3, 4, 4 + 2 * 16), (6, 2, 3),
+                                   (4, 1, 4), (5, 1, 2)):
             loop = DeviceTreeLoop(target, head, depth=depth, topk=topk, nodes=nodes)
             assert loop.generate(ids, 40).new_token_ids == reference, (seed, depth, topk, nodes)
 
@@ -265,3 +266,49 @@ def test_the_device_tree_scores_every_candidate_by_its_own_path():
                 if step + 1 < len(path):  # the entry (h, token) at position L - 1 + step, seeing only its own path
                     h, logits = chain._head_step(h, tokens[j:j + 1], torch.tensor([L - 1 + step]), own=True)
             assert abs(total - float(scores[i])) < 1e-4, (i, path)
+
+
+def test_a_round_never_waits_for_the_host():
+    """A CUDA graph cannot record an operation that reads a value back to the host (`.item()`, indexing with a 0-dim
+    tensor, boolean masks): one round of every loop, watched op by op, must use none."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    host_reads = {torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero, torch.ops.aten.masked_select}
+
+    class NoHostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            assert func.overloadpacket not in host_reads, f"{func} reads a value back to the host"
+            if func.overloadpacket in (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_):
+                masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+                assert not masks, f"{func} with a boolean mask (its shape depends on the values)"
+            return func(*args, **(kwargs or {}))
+
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.02, seed=1)
+    head = random_eagle_head(target, 2)
+    ids = random_prompt(9, seed=3)[0]
+    for loop in (DeviceLoop(target, gamma=0), DeviceLoop(target, draft=draft, gamma=3),
+                 DeviceLoop(target, head=head, gamma=3), DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10)):
+        with torch.no_grad():
+            loop._begin(ids)
+            with NoHostReads():
+                loop._round()
+                loop._round()
+
+
+def test_the_device_tree_keeps_the_heads_cache_in_step():
+    """After a generation, the head's committed entries and its output for the newest one equal a fresh start on the
+    same tokens (the catch-up from the accepted path's features is right)."""
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = random_model("tiny-llama", seed=4, vocab=6)
+    head = random_eagle_head(target, 5)
+    loop = DeviceTreeLoop(target, head, depth=5, topk=3, nodes=30)
+    loop.generate(random_prompt(6, seed=1, vocab=6), 40)
+    L = int(loop.L)
+    fresh = DeviceTreeLoop(target, head, depth=5, topk=3, nodes=30)
+    with torch.no_grad():
+        fresh._begin(loop.tokens[:L].clone())
+    for mine, theirs in ((loop.head_k, fresh.head_k), (loop.head_v, fresh.head_v)):
+        torch.testing.assert_close(mine[:, :L - 1], theirs[:, :L - 1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(loop.logits0, fresh.logits0, atol=1e-4, rtol=1e-4)

@@ -345,7 +345,7 @@ class DeviceTreeLoop(DeviceLoop):
             committed entries, its ancestors and itself), each proposes its `topk` best children, and the `topk`
             children with the highest path log-probability (over all the frontier's) become the next frontier
     rerank  the `nodes` candidates of highest path log-probability, over every depth, are the tree (a child never
-            outranks its parent: its log-probability adds a log-probability <= 0, and a tiny depth penalty breaks ties)
+            outranks its parent: it adds a log-probability <= 0, and a tie goes to the earlier candidate, the parent)
     verify  one target pass over the newest committed token (the root, slot L-1) and the nodes (slots L..L+nodes-1,
             positions L-1+depth), each seeing the committed prefix, its ancestors and itself
     accept  a node is right when its token is the target's argmax at its parent; the deepest node whose ancestors are
@@ -420,8 +420,7 @@ class DeviceTreeLoop(DeviceLoop):
                 front_score, best = paths.topk(K)
                 row = best // K
                 front, token, h = base + best, child.flatten()[best], h_next[row]
-                ancestors = ancestors[row]
-                ancestors[rows_k, (d - 1) * K + row] = True
+                ancestors = ancestors[row].scatter_(1, ((d - 1) * K + row)[:, None], True)
         return torch.cat(tokens), torch.cat(scores), torch.cat(parents), torch.cat(depths)
 
     def _round(self):
@@ -429,13 +428,15 @@ class DeviceTreeLoop(DeviceLoop):
         token_p, score_p, parent_p, depth_p = self._grow(L)
         P = self.pool
         # ancestors-or-self in the pool (pointer doubling over the parent matrix)
-        rows_p = torch.arange(P, device=device)
-        has_parent = parent_p >= 0
-        anc = torch.eye(P, device=device)
-        anc[rows_p[has_parent], parent_p[has_parent]] = 1.0
+        # (a scatter into a column per parent, the roots' -1 into a column then dropped: no boolean indexing, whose
+        # data-dependent shape a CUDA graph cannot record)
+        parent_of = torch.zeros(P, P + 1, device=device).scatter_(1, (parent_p + 1)[:, None], 1.0)[:, 1:]
+        anc = torch.eye(P, device=device) + parent_of
         for _ in range(max(1, (D - 1).bit_length())):
             anc = ((anc + anc @ anc) > 0).float()
-        sel = (score_p - depth_p * 1e-4).topk(N).indices  # the tree: ancestor-closed
+        # the tree: the N best, ties to the earlier candidate (a parent comes before its children in the pool and a
+        # child's score is at most its parent's, so the tree is ancestor-closed; a NaN counts as the worst score)
+        sel = torch.sort(torch.nan_to_num(score_p, nan=-float("inf")), descending=True, stable=True).indices[:N]
         anc_sel = anc[sel][:, sel] > 0  # [N, N]: k is j's ancestor or j itself
         depth = depth_p[sel]
         nodes = self._to_full(token_p[sel])
@@ -450,13 +451,14 @@ class DeviceTreeLoop(DeviceLoop):
         # accept: right = the target's argmax at the parent; ok = right with every ancestor right
         parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
         right = nodes == best[parent_row]
-        ok = right & ~(anc_sel & ~right[None]).any(-1)
+        # (and every ancestor in the tree: a guard that keeps the walk lossless whatever the scores)
+        ok = right & (anc_sel.sum(-1) == depth) & ~(anc_sel & ~right[None]).any(-1)
         reach = torch.where(ok, depth, 0)
         n = reach.max()
         deepest = reach.argmax()
         bonus = best.gather(0, torch.where(n > 0, 1 + deepest, 0).view(1))
         # the path: the ancestor (or self) of the deepest right node at each depth 1..D (past n: any node, unused)
-        on_path = anc_sel[deepest][None] & (depth[None] == self.offsets[1:D + 1, None])
+        on_path = anc_sel.index_select(0, deepest.view(1)) & (depth[None] == self.offsets[1:D + 1, None])
         path = on_path.float().argmax(-1)  # [D]
         self.tokens.index_copy_(0, L + self.offsets[:D], nodes[path])
         self.tokens.index_copy_(0, L + n, bonus)
