@@ -83,6 +83,8 @@ def test_the_loop_refuses_what_it_cannot_run():
         DeviceLoop(target, draft=target, head=eagle.eagle_head_for(target), gamma=2)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         DeviceLoop(target, graphs=True, gamma=0)
+    with pytest.raises(ValueError, match="compile must be"):
+        DeviceLoop(target, gamma=0, compile="fast")
     with pytest.raises(ValueError, match="plain Llama"):
         DeviceLoop(tiny_model("tiny-gpt2", vocab_size=64), gamma=0)
     loop = DeviceLoop(target, gamma=0)
@@ -103,12 +105,21 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
     cases = loops(target, draft, head)
     from specdec_utils.core.device_loop import DeviceTreeLoop
     cases["eagle tree 4x3x12"] = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=12)
+    cases["eagle tree 3x2x5, compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5, compile=True)
+    cases["eagle tree 3x2x5, round compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5,
+                                                               compile="round")
+    cases["eagle-chain 3, round compiled"] = DeviceLoop(target, head=head, gamma=3, compile="round")
     for seed in (5, 6):
         ids = random_prompt(13, seed=seed).cuda()
         reference = generate(target, ids, 40, method="ar").new_token_ids
         for name, loop in cases.items():
             assert loop.generate(ids, 40).new_token_ids == reference, name
             assert loop.graph is not None
+    for name in ("eagle tree 4x3x12", "eagle tree 3x2x5, compiled", "eagle tree 3x2x5, round compiled",
+                 "eagle-chain 3, round compiled"):
+        times = cases[name].anatomy(repeats=3)
+        assert set(times) == {"round_ms", "draft_ms", "verify_ms"} and min(times.values()) > 0, (name, times)
+    assert set(cases["eagle-chain 3, round compiled"].anatomy(repeats=3, parts=False)) == {"round_ms"}
     # recorded again: after a new gamma, and after the buffers grow
     loop = cases["greedy 4"]
     loop.set_gamma(2)
@@ -312,3 +323,15 @@ def test_the_device_tree_keeps_the_heads_cache_in_step():
     for mine, theirs in ((loop.head_k, fresh.head_k), (loop.head_v, fresh.head_v)):
         torch.testing.assert_close(mine[:, :L - 1], theirs[:, :L - 1], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(loop.logits0, fresh.logits0, atol=1e-4, rtol=1e-4)
+
+
+def test_the_whole_round_compiled_gives_the_target_alones_tokens():
+    """compile="round": the round traced whole by torch.compile (fullgraph: any op it cannot trace fails here) and
+    run compiled on the CPU, the tree's (the longest round) on two prompts."""
+    target = random_model("tiny-llama", seed=0)
+    head = random_eagle_head(target, 2)
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    loop = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5, compile="round")
+    for seed in (5, 6):
+        ids = random_prompt(13, seed=seed)
+        assert loop.generate(ids, 30).new_token_ids == generate(target, ids, 30, method="ar").new_token_ids

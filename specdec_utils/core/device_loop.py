@@ -67,11 +67,16 @@ class DeviceLoop:
     `DeviceLoop(target)` (gamma 0) is the target alone; `DeviceLoop(target, draft=draft, gamma=4)` a draft
     model's chain; `DeviceLoop(target, head=head, gamma=5)` an EAGLE head's chain (`eagle.EagleHead`). The
     target and a draft are plain Llamas (`plain_llama.PlainLlama`). `graphs` (default: on a CUDA GPU) records
-    the round as one CUDA graph; `compile=True` first compiles the target pass and the draft step with
-    `torch.compile`. On the CPU the same round runs op by op (how the tests check it)."""
+    the round as one CUDA graph. `compile=True` (or "steps") first compiles the target's pass, the draft's step and
+    the head's step with `torch.compile`, each on its own, the glue between them (argmax, masks, acceptance, commit)
+    left as separate small kernels; `compile="round"` also compiles the whole round as one graph (`fullgraph`), so
+    that the glue is fused too. On the CPU the round runs op by op unless compiled (how the tests check it)."""
 
     def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
-                 compile: bool = False):
+                 compile: bool | str = False):
+        if compile not in (False, True, "steps", "round"):
+            raise ValueError(f"compile must be False, True or 'steps' (each pass compiled), or 'round' (the whole "
+                             f"round compiled as one graph), got {compile!r}")
         if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0 (0: the target alone), got {gamma!r}")
         if draft is not None and head is not None:
@@ -87,10 +92,8 @@ class DeviceLoop:
         self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
         if self.graphs and self.device.type != "cuda":
             raise ValueError(f"graphs=True needs a CUDA GPU; the target is on {self.device}")
-        if compile and not self.graphs:
-            raise ValueError("compile=True needs graphs=True on a CUDA GPU (the compiled round is replayed from a "
-                             "CUDA graph)")
         self.gamma, self.head, self.compiled = gamma, head, bool(compile)
+        self.compile_mode = ("steps" if compile is True else compile) or None
         self.scratch = getattr(self, "scratch", 0)  # head cache slots past the positions (a tree's entries)
         self.method = "ar" if gamma == 0 else ("greedy" if draft is not None else "eagle-chain")
         self.target = PlainLlama(target, 1, CHUNK)
@@ -102,6 +105,8 @@ class DeviceLoop:
             limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
             setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
             self.steps = {k: torch.compile(f, dynamic=False) for k, f in self.steps.items()}
+        # what a generation runs and a graph records (the compiled steps inlined into it with "round")
+        self.round_fn = torch.compile(self._round, dynamic=False, fullgraph=True) if compile == "round" else self._round
         self.capacity, self.graph, self._pool = 0, None, None
         self._allocate(capacity)
 
@@ -263,7 +268,7 @@ class DeviceLoop:
         self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
         self._pool = torch.cuda.graph_pool_handle()  # a pool of its own: an earlier recording's may still be held
         with attention_backends(self.device):
-            self.graph, _ = record_cuda_graph(self._round, self._pool, warmups=warmups)
+            self.graph, _ = record_cuda_graph(self.round_fn, self._pool, warmups=warmups)
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None) -> DeviceResult:
@@ -289,7 +294,7 @@ class DeviceLoop:
                 self.graph.replay()
                 out = self.out.tolist()  # the round's only read-back
             else:
-                out = self._round().tolist()
+                out = self.round_fn().tolist()
             n = out[0]
             accepted.append(n)
             _append_until_eos(new, out[1:n + 2], eos)
@@ -305,23 +310,27 @@ class DeviceLoop:
             parts["draft"] = lambda: self._draft(self.L)
         return parts
 
-    def anatomy(self, repeats: int = 200) -> dict:
+    @torch.no_grad()
+    def anatomy(self, repeats: int = 200, parts: bool = True) -> dict:
         """GPU milliseconds of one round and of its parts, each replayed `repeats` times back to back (CUDA events
         around all the replays): the round (the generation's own graph), its drafting and the target's pass (a graph
-        each: `_parts`). Before every replay a one-element fill resets L (a dummy prompt of 8
-        tokens): its kernel is inside the timing. The caches are left dirty (the next `generate` resets them)."""
+        each: `_parts`; `parts=False`: the round alone, which with compile="round" spares compiling each part
+        again). Before every replay a one-element fill resets L (a dummy prompt of 8 tokens): its kernel is inside
+        the timing. The caches are left dirty (the next `generate` resets them)."""
         if not self.graphs:
             raise ValueError("anatomy() times CUDA graphs: it needs graphs=True on a CUDA GPU")
         self.prepare()
         prompt = torch.zeros(8, dtype=torch.long, device=self.device)
         self._begin(prompt)
-        parts = {"round": self.graph}
+        graphs = {"round": self.graph}
         with attention_backends(self.device):
             pool = torch.cuda.graph_pool_handle()
-            for name, step in self._parts().items():
-                parts[name], _ = record_cuda_graph(step, pool)
+            for name, step in (self._parts() if parts else {}).items():
+                if self.compile_mode == "round" and name == "draft":  # fused as it is inside the compiled round
+                    step = torch.compile(step, dynamic=False, fullgraph=True)
+                graphs[name], _ = record_cuda_graph(step, pool, warmups=3 if self.compiled else 1)
         out = {}
-        for name, graph in parts.items():
+        for name, graph in graphs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.L.fill_(8)
             graph.replay()  # warm

@@ -361,32 +361,43 @@ def trees_graphed_table() -> str:
 
 def device_loop_table() -> str:
     """The greedy round on the device (core/device_loop.py, tools/tree_graph_bench --part device-*): the held-out
-    board (speedups over the device loop's `ar` and the engine's graphed `ar`, bootstrap over prompts), the GPU time
-    of a round, the gammas tuned on training prompts and the float32 check."""
+    board (tokens per second, the median over its repeats; speedups over the device loop's `ar`, the median of the
+    repeats' ratios with their min-max and the bootstrap over prompts, and over the engine's graphed `ar`), the GPU
+    time of a round, the gammas and the tree's shape tuned on training prompts, and the float32 check."""
     from .. import report
-    run, identity, tune = (_load(f"tree_graph_device{part}_h100.json") for part in ("", "_identity", "_tune"))
+    run, identity, tune, tree_tune = (_load(f"tree_graph_device{part}_h100.json")
+                                      for part in ("", "_identity", "_tune", "_tune_trees"))
     records = run["records"]
     methods = list(dict.fromkeys(r["method"] for r in records))
+    repeats = sorted({r["repeat"] for r in records})
+
+    def rate(m, k):
+        return report.tokens_per_second([r for r in records if r["method"] == m and r["repeat"] == k])
+
     same = all(c == identity["prompts"] for c in identity["methods"].values())
     rows = [f"{run['device']}, bfloat16, greedy, torch {run['torch']}, transformers {run['transformers']}, "
-            f"{run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} tokens, "
-            f"{run['repeats_completed']} run "
-            f"(bootstrap over prompts; no run-to-run spread). gamma tuned on training prompts ("
-            f"{tune.get('selection', tune['prompts'])}): "
+            f"{run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} tokens, {len(repeats)} "
+            f"repeats in {len(run['runs'])} runs (tok/s: the median over the repeats; over the device `ar`: the median "
+            f"of the repeats' ratios (min-max); then the bootstrap interval over prompts). gamma tuned on training "
+            f"prompts ({tune.get('selection', tune['prompts'])}): "
             + ", ".join(f"{m} {g}" for m, g in tune["best"].items())
-            + f". float32 check ({identity['prompts']} prompts): every device loop gives the eager `ar` tokens: "
+            + f"; the tree's shape (depth x top-k x nodes) on {tree_tune['prompts']} training prompts "
+            f"({', '.join(tree_tune['categories'])}): {tree_tune['best']['eagle (device)']}. float32 check "
+            f"({identity['prompts']} held-out prompts): every device loop gives the eager `ar` tokens: "
             f"{'yes' if same else 'NO'}.", "",
-            "| loop | gamma | tok/s | tau | over the device `ar` | over the engine's graphed `ar` "
-            "| GPU ms per round (all / draft / verify) |",
+            "| loop | gamma or tree | tok/s | tau | over the device `ar`: repeats; prompts "
+            "| over the engine's graphed `ar` | GPU ms per round (all / draft / verify) |",
             "|---|---|---|---|---|---|---|"]
     for m in methods:
         mine = [r for r in records if r["method"] == m]
+        runs_ = report.from_repeats([rate(m, k) / rate("ar (device)", k) for k in repeats])
         over = report.speedup(records, m, "ar (device)") if m != "ar (device)" else None
         engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
         parts = run["anatomy"].get(m, {})
-        rows.append(f"| `{m}` | {run['gammas'].get(m, 0)} | {report.tokens_per_second(mine):.0f} | "
+        shape = run["tree"] if m == "eagle (device)" else run["gammas"].get(m, 0)
+        rows.append(f"| `{m}` | {shape} | {report.from_repeats([rate(m, k) for k in repeats]).value:.0f} | "
                     f"{report.tokens_per_target_call(mine):.2f} | "
-                    + ("1.00x" if over is None else f"{over:.2fx}") + " | "
+                    + ("1.00x" if over is None else f"{runs_:.2fx}; {over.low:.2f}-{over.high:.2f}") + " | "
                     + ("1.00x" if engine is None else f"{engine:.2fx}") + " | "
                     + " / ".join(f"{parts[k]:.2f}" if k in parts else "-"
                                  for k in ("round_ms", "draft_ms", "verify_ms"))

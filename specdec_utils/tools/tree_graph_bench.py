@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import statistics
 import sys
 import time
 
@@ -164,6 +165,23 @@ def _tree_shape(text: str) -> tuple:
     return depth, topk, nodes
 
 
+def _compile(args):
+    """The device loops' `compile`: False, True (each pass compiled) or "round" (`--whole-round`)."""
+    return ("round" if args.whole_round else True) if args.compile else False
+
+
+def _parts(args) -> bool:
+    """Time each round's parts too (not with --whole-round: each part would be compiled again, minutes on a GPU)."""
+    return not args.whole_round
+
+
+def _capacity(args, needed: int) -> int:
+    """`--capacity` if given (the same buffers, and so the same compiled shapes, in every part), else `needed`."""
+    if args.capacity and args.capacity < needed:
+        raise SystemExit(f"tree_graph_bench: --capacity {args.capacity} is too small, these prompts need {needed}")
+    return args.capacity or needed
+
+
 def _device_setup(args, tokenizer, rows, dtype, headroom: int):
     """The models in `dtype`, the prompts encoded, and the device loops (ar, the two chains at the asked gammas, the
     tree at `--tree`) built with room for the longest prompt plus `headroom`, each prepared (recorded and compiled
@@ -172,11 +190,15 @@ def _device_setup(args, tokenizer, rows, dtype, headroom: int):
     draft, _ = load_model(args.draft, device=args.device, dtype=dtype)
     eagle = load_eagle(args.eagle, target)
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
-    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + headroom
+    tree = _tree_shape(args.tree)
+    # room for the longest prompt, its new tokens and a round's span (a tree's nodes): no loop grows, and so
+    # records again, inside a timed generation
+    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + headroom
+                         + (tree[2] if tree else 0))
     t0 = time.perf_counter()
-    loops = _device_loops(target, draft, eagle, capacity, args.compile,
+    loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": _tree_shape(args.tree)})
+                           "eagle": tree})
     for loop in loops.values():
         loop.prepare()
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
@@ -208,8 +230,10 @@ def _summary(records, baseline: str) -> list[dict]:
 
 def device_identity(args, tokenizer, rows) -> dict:
     """float32: every device loop against transformers' eager `ar`, prompt by prompt."""
-    target, _, _, encoded, _, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32, headroom=16)
-    out = {"prompts": len(rows), "tree": args.tree, "prepare_s": prepare_s,
+    target, _, _, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32,
+                                                                       headroom=16)
+    out = {"prompts": len(rows), "capacity": loops["ar (device)"].capacity, "ids": [row["id"] for row in rows],
+           "categories": sorted({row["category"] for row in rows}), "tree": args.tree, "prepare_s": prepare_s,
            "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
     taus = {k: [] for k in loops}
     for ids in encoded:
@@ -236,17 +260,20 @@ def device_tune(args, tokenizer, _rows) -> dict:
     draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
     eagle = load_eagle(args.eagle, target)
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
-    capacity = max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16
-    gammas = [int(g) for g in args.gammas.split(",")]
-    loops = _device_loops(target, draft, eagle, capacity, args.compile, {"greedy": gammas[0],
-                                                                         "eagle-chain": gammas[0]})
+    gammas = [int(g) for g in args.gammas.split(",") if g]  # none: the trees alone
+    shapes = [_tree_shape(shape) for shape in filter(None, args.trees.split(","))]
+    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16 + max(gammas, default=0)
+                         + max((nodes for _, _, nodes in shapes), default=0))  # no loop grows in a timed generation
+    loops = _device_loops(target, draft, eagle, capacity, _compile(args),
+                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {})
     eos = tokenizer.eos_token_id
-    out = {"split": "train", "prompts": len(rows), "categories": sorted({row["category"] for row in rows}),
+    out = {"split": "train", "prompts": len(rows), "capacity": loops["ar (device)"].capacity,
+           "categories": sorted({row["category"] for row in rows}),
            "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {}}
     ar = loops.pop("ar (device)")
     base = report.tokens_per_second(_run_loop(ar, "ar (device)", encoded, rows, args.max_new_tokens, eos,
                                               args.device))
-    out["ar"] = {"tok_per_s": base, **(ar.anatomy() if args.device == "cuda" else {})}
+    out["ar"] = {"tok_per_s": base, **(ar.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
     for label, loop in loops.items():
         for gamma in gammas:
             t0 = time.perf_counter()
@@ -257,7 +284,7 @@ def device_tune(args, tokenizer, _rows) -> dict:
             rate = report.tokens_per_second(records)
             result = {"method": label, "gamma": gamma, "tok_per_s": rate, "over_ar": rate / base,
                       "tau": report.tokens_per_target_call(records), "prepare_s": prepare_s,
-                      **(loop.anatomy() if args.device == "cuda" else {})}
+                      **(loop.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
             out["results"].append(result)
             print(json.dumps(result), flush=True)
             if args.out:  # after every gamma: a run cut short keeps what it measured
@@ -265,18 +292,18 @@ def device_tune(args, tokenizer, _rows) -> dict:
                     json.dump({**out, "partial": True}, f, indent=1)
         mine = [r for r in out["results"] if r["method"] == label]
         out["best"][label] = max(mine, key=lambda r: r["tok_per_s"])["gamma"]
-    for shape in filter(None, args.trees.split(",")):
-        depth, topk, nodes = _tree_shape(shape)
+    for depth, topk, nodes in shapes:
+        shape = f"{depth}x{topk}x{nodes}"
         t0 = time.perf_counter()
         loop = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity,
-                              compile=args.compile)
+                              compile=_compile(args))
         loop.prepare()
         prepare_s = time.perf_counter() - t0
         records = _run_loop(loop, "eagle (device)", encoded, rows, args.max_new_tokens, eos, args.device)
         rate = report.tokens_per_second(records)
         result = {"method": "eagle (device)", "tree": shape, "gamma": depth, "tok_per_s": rate, "over_ar": rate / base,
                   "tau": report.tokens_per_target_call(records), "prepare_s": prepare_s,
-                  **(loop.anatomy() if args.device == "cuda" else {})}
+                  **(loop.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
         out["results"].append(result)
         print(json.dumps(result), flush=True)
     trees = [r for r in out["results"] if r["method"] == "eagle (device)"]
@@ -302,8 +329,10 @@ def device_board(args, tokenizer, rows) -> dict:
         baselines = [("ar (engine)", target, None, "ar", 1),
                      ("greedy (engine)", target, draft, "greedy", args.gamma_greedy),
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
-    out = {"prepare_s": time.perf_counter() - t0, "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
-           "anatomy": {k: v.anatomy() for k, v in loops.items()} if record else {}, "repeats": [], "records": []}
+    out = {"prepare_s": time.perf_counter() - t0, "capacity": loops["ar (device)"].capacity,
+           "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
+           "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
+           "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0, dtype_name="bfloat16",
                   device=args.device, eagle=eagle)
     eos = tokenizer.eos_token_id
@@ -335,10 +364,11 @@ def board_fields(out: dict, prompts: int, args) -> dict:
     """What the notebook and the README read beside the records: each record's `same_as_device_ar` (its tokens equal
     `ar (device)`'s for that prompt: bf16 rounds a 1-row and a several-row pass differently), the prompt count and
     the repeats completed; `--slim` then drops the tokens (a smaller file to commit)."""
-    reference = {r["id"]: r["new_token_ids"] for r in out["records"] if r["method"] == "ar (device)"}
+    reference = {(r.get("repeat"), r["id"]): r["new_token_ids"] for r in out["records"]
+                 if r["method"] == "ar (device)" and "new_token_ids" in r}  # (an earlier repeat's: slimmed already)
     for r in out["records"]:
         if "new_token_ids" in r:
-            r["same_as_device_ar"] = r["new_token_ids"] == reference.get(r["id"])
+            r["same_as_device_ar"] = r["new_token_ids"] == reference.get((r.get("repeat"), r["id"]))
             if args.slim:
                 del r["new_token_ids"]
     out.update(split="eval", prompts=prompts, max_new_tokens=args.max_new_tokens,
@@ -356,13 +386,44 @@ def _versions(args) -> dict:
             "transformers": transformers.__version__}
 
 
+def merge_boards(paths: list[str], note: str = "") -> dict:
+    """Several `device-board` runs of one configuration (the same loops, gammas, tree, prompts and tokens) as one
+    board: their repeats in order, renumbered; each run's own fields under `runs`; the anatomy, the median over the
+    runs of each loop's GPU times."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    for key in ("gammas", "tree", "prompts", "max_new_tokens", "device", "torch", "transformers"):
+        if len({json.dumps(run.get(key)) for run in runs}) > 1:
+            raise SystemExit(f"tree_graph_bench: the boards to merge differ in {key!r}: "
+                             + ", ".join(str(run.get(key)) for run in runs))
+    first, records, repeats = runs[0], [], []
+    for run in runs:
+        records += [{**r, "repeat": r["repeat"] + len(repeats)} for r in run["records"]]
+        repeats += run["repeats"]
+    anatomy = {m: {k: statistics.median(run["anatomy"][m][k] for run in runs) for k in times}
+               for m, times in first["anatomy"].items()}
+    out = {k: first[k] for k in ("split", "prompts", "max_new_tokens", "gammas", "tree", "device", "torch",
+                                 "transformers")}
+    out.update(part="device-board", date=max(run["date"] for run in runs), anatomy=anatomy, repeats=repeats,
+               records=records, repeats_completed=len(repeats), prepare_s=[run["prepare_s"] for run in runs],
+               runs=[{"file": path.rsplit("/", 1)[-1], **{k: run.get(k) for k in (
+                   "date", "command", "prepare_s", "repeats_completed", "partial", "wall_s", "anatomy")}}
+                     for path, run in zip(paths, runs)], note=note)
+    return out
+
+
 PARTS = {"identity": identity, "board": board, "device-identity": device_identity, "device-tune": device_tune,
          "device-board": device_board}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=list(PARTS), required=True)
+    ap.add_argument("--part", choices=list(PARTS) + ["merge"], required=True,
+                    help="merge: --inputs (device-board JSONs) into one board at --out")
+    ap.add_argument("--inputs", default="", help="merge: the device-board JSONs, comma-separated, in run order")
+    ap.add_argument("--note", default="", help="merge: a note kept in the merged JSON (what the runs were)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="draft-m")
@@ -376,20 +437,37 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--gamma-greedy", type=int, default=4, help="device parts: the draft's gamma")
     ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
-    ap.add_argument("--gammas", default="2,3,4,5,6,8", help="device-tune: the gammas tried")
+    ap.add_argument("--gammas", default="2,3,4,5,6,8",
+                    help="device-tune: the chains' gammas tried ('': the trees alone)")
     ap.add_argument("--slim", action="store_true", help="device-board: drop each record's tokens from the JSON")
-    ap.add_argument("--tuned", help="device parts: take the gammas (and tree) from this device-tune JSON (its best)")
+    ap.add_argument("--tuned", help="device parts: take the gammas and the tree from these device-tune JSONs (their "
+                    "best; comma-separated, a later file's choice wins)")
     ap.add_argument("--tree", default="6x4x24", help="device parts: EAGLE's device tree, DEPTHxTOPKxNODES ('': none)")
     ap.add_argument("--trees", default="", help="device-tune: the tree shapes tried, comma-separated")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--capacity", type=int, default=0,
+                    help="device parts: the loops' buffer length (0: what the prompts need, rounded up to 128)")
+    ap.add_argument("--whole-round", action="store_true",
+                    help="device parts: compile each loop's whole round as one graph (DeviceLoop(compile='round'))")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke run of the same code (the padded step unrecorded, nothing compiled)")
     args = ap.parse_args(argv)
+    if args.part == "merge":
+        merged = merge_boards([p for p in args.inputs.split(",") if p], args.note)
+        merged["merged_by"] = "python -m specdec_utils.tools.tree_graph_bench " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        with open(args.out, "w") as f:
+            json.dump(merged, f, separators=(",", ":"))
+        print(f"wrote {args.out}: {merged['repeats_completed']} repeats from {len(merged['runs'])} runs")
+        return 0
     if args.tuned:
-        with open(args.tuned) as f:
-            best = json.load(f)["best"]
-        args.gamma_greedy, args.gamma_eagle = best["greedy (device)"], best["eagle-chain (device)"]
+        best = {}
+        for path in args.tuned.split(","):  # a later file's choice wins
+            with open(path) as f:
+                best.update(json.load(f)["best"])
+        args.gamma_greedy = best.get("greedy (device)", args.gamma_greedy)
+        args.gamma_eagle = best.get("eagle-chain (device)", args.gamma_eagle)
         args.tree = best.get("eagle (device)", args.tree)
     if args.device == "cpu":
         args.compile = False
@@ -403,6 +481,7 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         result = PARTS[args.part](args, tokenizer, rows)
     result.update({"part": args.part, **_versions(args), "compiled": args.compile,
+                   "compile_mode": {False: None, True: "steps"}.get(_compile(args), _compile(args)),
                    "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "wall_s": time.perf_counter() - t0,
                    "command": "python -m specdec_utils.tools.tree_graph_bench "
                    + " ".join(sys.argv[1:] if argv is None else argv)})
