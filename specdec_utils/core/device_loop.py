@@ -258,8 +258,17 @@ class DeviceLoop:
 
     @torch.no_grad()
     def prepare(self) -> None:
-        """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it."""
-        if not self.graphs or self.graph is not None:
+        """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it (on the
+        CPU, a compiled round is run once: it compiles for these buffers and this gamma)."""
+        if not self.graphs:
+            if self.compiled and getattr(self, "_warm", None) != (self.capacity, self.gamma):
+                if 8 + self.gamma + self.span + 2 > self.capacity:
+                    self._allocate(8 + self.gamma + self.span + 2)
+                self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
+                self.round_fn()
+                self._warm = (self.capacity, self.gamma)
+            return
+        if self.graph is not None:
             return
         warmups = 3 if self.compiled else 1
         needed = 8 + warmups * (self.gamma + 1) + self.span + 1  # the warm-up rounds advance L from 8, unreset

@@ -182,7 +182,7 @@ def _capacity(args, needed: int) -> int:
     return args.capacity or needed
 
 
-def _device_setup(args, tokenizer, rows, dtype, headroom: int):
+def _device_setup(args, tokenizer, rows, dtype):
     """The models in `dtype`, the prompts encoded, and the device loops (ar, the two chains at the asked gammas, the
     tree at `--tree`) built with room for the longest prompt plus `headroom`, each prepared (recorded and compiled
     on a GPU). Returns (target, draft, eagle head, encoded prompts, capacity, loops, seconds spent preparing)."""
@@ -191,10 +191,10 @@ def _device_setup(args, tokenizer, rows, dtype, headroom: int):
     eagle = load_eagle(args.eagle, target)
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
     tree = _tree_shape(args.tree)
-    # room for the longest prompt, its new tokens and a round's span (a tree's nodes): no loop grows, and so
-    # records again, inside a timed generation
-    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + headroom
-                         + (tree[2] if tree else 0))
+    # room for the longest prompt, its new tokens and the widest round (a chain's gamma, a tree's nodes), no more:
+    # no loop grows (and so records again) inside a timed generation, and attention reads the whole buffer
+    span = max(args.gamma_greedy, args.gamma_eagle, tree[2] if tree else 0) + 1
+    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
@@ -230,8 +230,7 @@ def _summary(records, baseline: str) -> list[dict]:
 
 def device_identity(args, tokenizer, rows) -> dict:
     """float32: every device loop against transformers' eager `ar`, prompt by prompt."""
-    target, _, _, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32,
-                                                                       headroom=16)
+    target, _, _, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32)
     out = {"prompts": len(rows), "capacity": loops["ar (device)"].capacity, "ids": [row["id"] for row in rows],
            "categories": sorted({row["category"] for row in rows}), "tree": args.tree, "prepare_s": prepare_s,
            "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
@@ -262,8 +261,8 @@ def device_tune(args, tokenizer, _rows) -> dict:
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
     gammas = [int(g) for g in args.gammas.split(",") if g]  # none: the trees alone
     shapes = [_tree_shape(shape) for shape in filter(None, args.trees.split(","))]
-    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + 16 + max(gammas, default=0)
-                         + max((nodes for _, _, nodes in shapes), default=0))  # no loop grows in a timed generation
+    span = max(gammas + [nodes for _, _, nodes in shapes], default=0) + 1  # the widest round: no loop grows while timed
+    capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {})
     eos = tokenizer.eos_token_id
@@ -316,8 +315,7 @@ def device_board(args, tokenizer, rows) -> dict:
     """bfloat16, held-out prompts: the device loops beside, on a GPU, `ar` on the host-driven compiled runner and on
     the engine's graphed step; on the CPU (where the round runs op by op), the course's engine running `ar` and the
     same two chains. `--repeats` times."""
-    target, draft, eagle, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.bfloat16,
-                                                                               headroom=80)
+    target, draft, eagle, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.bfloat16)
     record = args.device == "cuda"
     t0 = time.perf_counter() - prepare_s
     if record:  # the GPU's baselines: the same compiled step driven from the host, and the engine's graphed step
@@ -451,7 +449,7 @@ def main(argv=None) -> int:
     ap.add_argument("--whole-round", action="store_true",
                     help="device parts: compile each loop's whole round as one graph (DeviceLoop(compile='round'))")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                    help="cpu: a smoke run of the same code (the padded step unrecorded, nothing compiled)")
+                    help="cpu: the same code op by op (nothing recorded; compiled only with --whole-round)")
     args = ap.parse_args(argv)
     if args.part == "merge":
         merged = merge_boards([p for p in args.inputs.split(",") if p], args.note)
@@ -469,8 +467,8 @@ def main(argv=None) -> int:
         args.gamma_greedy = best.get("greedy (device)", args.gamma_greedy)
         args.gamma_eagle = best.get("eagle-chain (device)", args.gamma_eagle)
         args.tree = best.get("eagle (device)", args.tree)
-    if args.device == "cpu":
-        args.compile = False
+    if args.device == "cpu":  # compiled only when asked for the whole round (Inductor's CPU code, no graph)
+        args.compile = args.compile and args.whole_round
     elif not torch.cuda.is_available():
         ap.exit(2, "tree_graph_bench: needs a CUDA GPU (the committed JSON is the H100 run)\n")
     rows = eval_subset(args.per_category) if args.per_category else build_prompts("eval")
