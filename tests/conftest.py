@@ -112,11 +112,11 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
     return draft
 
 
-def random_eagle_head(target, seed: int):
-    """An untrained EAGLE head for `target` with its weights moved off their initial values (a head fresh from
-    `eagle_head_for` drafts almost nothing a random target accepts)."""
+def random_eagle_head(target, seed: int, **options):
+    """An untrained EAGLE head for `target` (`options`: `eagle_head_for`'s) with its weights moved off their initial
+    values (a head fresh from `eagle_head_for` drafts almost nothing a random target accepts)."""
     from specdec_utils.core import eagle
-    head = eagle.eagle_head_for(target, seed=seed)
+    head = eagle.eagle_head_for(target, seed=seed, **options)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))

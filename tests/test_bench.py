@@ -148,6 +148,8 @@ def test_end_to_end_run_writes_the_records(capsys, prompts_file, tmp_path):
         lookup = by_key[prompt_id, "hf-prompt-lookup"]
         assert lookup["draft_calls"] == 0 and lookup["drafted"] == -1 and lookup["target_calls"] <= lookup["new_tokens"]
     assert records[0]["versions"]["torch"] == torch.__version__ and records[0]["cuda_graphs"] is False
+    from specdec_utils.report import cpu_info  # the CPU named by model and kind: one kind's machines still differ
+    assert records[0]["device_name"].startswith(f"{cpu_info()['model']}, ") and "CPU kind" in records[0]["device_name"]
 
 
 def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tmp_path):

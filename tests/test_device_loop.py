@@ -9,7 +9,9 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core import eagle
-from specdec_utils.core.device_loop import DeviceLoop
+from specdec_utils.core.device_loop import DeviceLoop, sample_rows
+from specdec_utils.core.engine import Sampler
+from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
 
 from conftest import noisy_copy, random_eagle_head, random_model, random_prompt
@@ -127,6 +129,14 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
     long_ids = random_prompt(5, seed=9).cuda()
     assert loop.generate(long_ids, 600).new_token_ids == generate(target, long_ids, 600, method="ar").new_token_ids
     assert loop.capacity >= 605
+    # sampled, recorded: the replayed round draws what the same round run op by op on the GPU draws (the same kernels,
+    # the same uniforms), and a draft equal to the target has every draft kept
+    for kwargs in ({"draft": draft}, {"head": head}):
+        twins = [DeviceLoop(target, gamma=3, temperature=1.0, graphs=graphs, **kwargs) for graphs in (True, False)]
+        outs = [twin.generate(ids, 40, generator=torch.Generator().manual_seed(3)) for twin in twins]
+        assert twins[0].graph is not None and outs[0].new_token_ids == outs[1].new_token_ids, kwargs
+    same = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3, temperature=1.0)
+    assert same.generate(ids, 40, generator=torch.Generator().manual_seed(4)).accepted == [3] * 10
 
 
 def test_the_device_drafts_accept_as_often_as_the_engines():
@@ -196,6 +206,18 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     engine = {r["method"]: r for r in board["records"] if "(engine)" in r["method"]}
     assert engine["greedy (engine)"]["gamma"] == board["gammas"]["greedy (device)"]
     assert all(len(r["new_token_ids"]) == 8 for r in board["records"])
+    # sampled: the draft's chain is `sampling`, the engine samples too, the tree (greedy only) is left out
+    run("--part", "device-tune", "--temperature", "1", "--gammas", "2", "--trees", "3x2x4",
+        "--out", str(tmp_path / "tune_sampled.json"))
+    tune = json.loads((tmp_path / "tune_sampled.json").read_text())
+    assert tune["temperature"] == 1 and [r["method"] for r in tune["results"]] == ["sampling (device)",
+                                                                                   "eagle-chain (device)"]
+    run("--part", "device-board", "--temperature", "1", "--repeats", "1",
+        "--tuned", str(tmp_path / "tune_sampled.json"), "--out", str(tmp_path / "board_sampled.json"))
+    board = json.loads((tmp_path / "board_sampled.json").read_text())
+    assert {r["method"] for r in board["records"]} == {"ar (device)", "sampling (device)", "eagle-chain (device)",
+                                                        "ar (engine)", "sampling (engine)", "eagle-chain (engine)"}
+    assert board["temperature"] == 1 and not any("same_as_device_ar" in r for r in board["records"])
 
 
 def test_the_device_tree_gives_the_target_alones_tokens():
@@ -299,8 +321,12 @@ def test_a_round_never_waits_for_the_host():
     draft = noisy_copy(target, noise=0.02, seed=1)
     head = random_eagle_head(target, 2)
     ids = random_prompt(9, seed=3)[0]
+    sampled = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
     for loop in (DeviceLoop(target, gamma=0), DeviceLoop(target, draft=draft, gamma=3),
-                 DeviceLoop(target, head=head, gamma=3), DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10)):
+                 DeviceLoop(target, head=head, gamma=3), DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10),
+                 DeviceLoop(target, gamma=0, **sampled), DeviceLoop(target, draft=draft, gamma=3, **sampled),
+                 DeviceLoop(target, head=random_eagle_head(target, 3, vocab_ids=torch.arange(3, 200)), gamma=3,
+                            **sampled)):
         with torch.no_grad():
             loop._begin(ids)
             with NoHostReads():
@@ -325,6 +351,18 @@ def test_the_device_tree_keeps_the_heads_cache_in_step():
     torch.testing.assert_close(loop.logits0, fresh.logits0, atol=1e-4, rtol=1e-4)
 
 
+def test_the_sampled_round_compiled_draws_what_the_op_by_op_round_draws():
+    """compile="round" with sampling (warping, the inverse CDF, the residual) traced whole: with the same generator
+    it draws the same tokens as the round run op by op (float32: a uniform would have to fall within rounding of a
+    boundary of the cumulative distribution to differ)."""
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.3, seed=1)
+    ids = random_prompt(9, seed=4)
+    outs = [DeviceLoop(target, draft=draft, gamma=3, temperature=0.9, top_p=0.95, compile=mode)
+            .generate(ids, 30, generator=torch.Generator().manual_seed(7)) for mode in (False, "round")]
+    assert outs[0].new_token_ids == outs[1].new_token_ids and outs[0].accepted == outs[1].accepted
+
+
 def test_the_whole_round_compiled_gives_the_target_alones_tokens():
     """compile="round": the round traced whole by torch.compile (fullgraph: any op it cannot trace fails here) and
     run compiled on the CPU, the tree's (the longest round) on two prompts."""
@@ -335,3 +373,86 @@ def test_the_whole_round_compiled_gives_the_target_alones_tokens():
     for seed in (5, 6):
         ids = random_prompt(13, seed=seed)
         assert loop.generate(ids, 30).new_token_ids == generate(target, ids, 30, method="ar").new_token_ids
+
+
+# ---------------------------------------------------------------------------------------------- sampled rounds
+@pytest.fixture(scope="module")
+def four_tokens():
+    """A 4-token target; a noisy copy as its draft (about half its drafts rejected: the residual is drawn often);
+    an EAGLE head over the whole vocabulary and one over tokens 0, 1 and 3 (q is 0 at token 2, which only the
+    residual can supply); the target's exact distribution over 5 sampled tokens, plain and warped."""
+    target = random_model("tiny-llama", seed=1, vocab=4)
+    prompt = torch.tensor([[1, 3, 0]])
+    models = {"draft": noisy_copy(target, noise=0.5, seed=3), "head": random_eagle_head(target, 5),
+              "reduced head": random_eagle_head(target, 7, vocab_ids=torch.tensor([0, 1, 3]))}
+    exact = {warp: exact_distribution(target, prompt, 5, Sampler(*warp)) for warp in ((1.0, 0, 1.0), (0.7, 0, 0.8))}
+    return target, prompt, models, exact
+
+
+SAMPLED_LOOPS = {  # name: (the loop's models and gamma, the warping: temperature, top_k, top_p)
+    "ar": ({}, (1.0, 0, 1.0)),
+    "sampling, gamma 3": ({"draft": "draft", "gamma": 3}, (1.0, 0, 1.0)),
+    "sampling, gamma 2, T 0.7, top-p 0.8": ({"draft": "draft", "gamma": 2}, (0.7, 0, 0.8)),
+    "eagle-chain, gamma 3": ({"head": "head", "gamma": 3}, (1.0, 0, 1.0)),
+    "eagle-chain, reduced vocabulary": ({"head": "reduced head", "gamma": 3}, (1.0, 0, 1.0)),
+}
+
+
+def sampled_loop(four_tokens, name):
+    target, _, models, _ = four_tokens
+    parts, (temperature, top_k, top_p) = SAMPLED_LOOPS[name]
+    parts = {k: models[v] if isinstance(v, str) else v for k, v in parts.items()}
+    return DeviceLoop(target, **{"gamma": 0, **parts}, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+# 3,000 outputs of 5 tokens (1,024 possible) detect TV >= 0.071 (90% power at alpha 1e-3, worst direction;
+# `exactness.min_detectable_tv`, as for the engine's sampled methods)
+@pytest.mark.stat
+@pytest.mark.parametrize("name", list(SAMPLED_LOOPS))
+def test_sampled_rounds_are_exact_over_whole_outputs(four_tokens, name):
+    _, prompt, _, exact = four_tokens
+    loop = sampled_loop(four_tokens, name)
+    counts = sample_outputs(lambda g: loop.generate(prompt, 5, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact[SAMPLED_LOOPS[name][1]]) > 1e-3
+
+
+@pytest.mark.stat
+def test_planted_bug_the_token_after_a_rejection_drawn_from_p_fails(four_tokens, monkeypatch):
+    """After a rejected draft the token must come from norm(max(0, p - q)); drawn from p itself (the residual
+    forgotten), the tokens the draft favours come out too often, and the whole-output test sees it."""
+    _, prompt, _, exact = four_tokens
+    original = DeviceLoop._accept
+
+    def residual_forgotten(self, drafts, q, target):
+        n, _ = original(self, drafts, q, target)
+        return n, sample_rows(target.index_select(0, n.view(1)), self.uniforms[2 * self.gamma:])
+    monkeypatch.setattr(DeviceLoop, "_accept", residual_forgotten)
+    loop = sampled_loop(four_tokens, "sampling, gamma 3")
+    counts = sample_outputs(lambda g: loop.generate(prompt, 5, generator=g).new_token_ids, 1000)  # (p ~ 1e-45 seen)
+    assert chi_square_p_value(counts, exact[(1.0, 0, 1.0)]) < 1e-6
+
+
+def test_a_sampled_loop_repeats_its_draws_and_accepts_a_copy_of_the_target():
+    """The same seed gives the same tokens (the draws come from the caller's generator); a draft equal to the target
+    has every draft accepted (q = p: u q < p for every u < 1); other seeds give other texts."""
+    target = random_model("tiny-llama", seed=3)
+    ids = random_prompt(7, seed=1)
+    loop = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3, temperature=1.0)
+    runs = [loop.generate(ids, 40, generator=torch.Generator().manual_seed(seed)) for seed in (1, 1, 2)]
+    assert runs[0].new_token_ids == runs[1].new_token_ids != runs[2].new_token_ids
+    assert all(run.accepted == [3] * 10 for run in runs)
+
+
+def test_sampling_refuses_what_it_cannot_run():
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    target = tiny_model("tiny-llama", vocab_size=64)
+    for options, message in (({"temperature": -1.0}, "temperature must be"),
+                             ({"temperature": 1e-9}, "temperature must"),
+                             ({"temperature": 1.0, "top_p": 0.0}, "top_p must be"),
+                             ({"temperature": 1.0, "top_k": -2}, "top_k must be")):
+        with pytest.raises(ValueError, match=message):
+            DeviceLoop(target, gamma=0, **options)
+    with pytest.raises(ValueError, match="greedy only"):
+        DeviceTreeLoop(target, eagle.eagle_head_for(target), depth=2, topk=2, nodes=3, temperature=1.0)
+    with pytest.raises(ValueError, match="generator must be"):
+        DeviceLoop(target, gamma=0, temperature=1.0).generate(torch.tensor([[5, 6]]), 3, generator=7)

@@ -27,18 +27,30 @@ ones are dropped). gamma=0 is the target alone through the same machinery: the f
 the nodes reranked, one tree pass, the acceptance walk as tensor operations, the accepted path's keys and values
 gathered into place).
 
-Greedy only: a sampled round needs the draft's and the target's distributions compared with random draws on
-the device (possible, not built here). The output is the target's own greedy output up to floating-point
-rounding (float32: the same tokens, tested on the CPU against transformers' forward and measured on the GPU).
+Greedy, the output is the target's own greedy output up to floating-point rounding (float32: the same tokens, tested
+on the CPU against transformers' forward and measured on the GPU). Sampled chains (`temperature > 0`) run notebook
+02's rule in the same fixed shapes, with no host work in between:
+
+    draft      each draft token drawn from the draft's warped distribution q_k (inverse CDF of one uniform), fed on
+    verify     the same pass; the target's warped distributions p_0 .. p_gamma
+    accept     draft k kept iff u_k * q_k(d_k) < p_k(d_k); n = the leading run of kept drafts
+    after      one token drawn from norm(max(0, p_n - q_n)), with q_gamma = 0 (so after gamma kept drafts it is
+               p_gamma itself, the bonus); an empty residual falls back to p_n, as in the engine
+
+The round's 2 gamma + 1 uniforms are drawn on the host from the caller's `torch.Generator` (float64, like the
+engine's) and copied into a static buffer before the round: the same seed gives the same draws on any device,
+and the copy is a write, so the round still reads back once. The tree (`DeviceTreeLoop`) is greedy only.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
 
-from .engine import _append_until_eos, _finished, as_id_set
+from .checks import is_count, is_number, require
+from .engine import Sampler, _append_until_eos, _finished, as_id_set
 from .plain_llama import PlainLlama, check_plain_llama
 from .runner import attention_backends, record_cuda_graph
 
@@ -61,8 +73,18 @@ class DeviceResult:
         return len(self.new_token_ids) / max(len(self.accepted), 1)
 
 
+def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [n, V] (non-negative, any positive total): the token whose slice of the row's
+    cumulative distribution holds uniform * total, for `uniforms` [n] in [0, 1) (float64): the engine's
+    `sampling._inverse_cdf` as tensor operations, with no read back. A zero-probability token owns an empty slice,
+    so it is never drawn. Returns ids [n]."""
+    cdf = probs.double().cumsum(-1)
+    picked = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
+    return picked.clamp(max=probs.shape[-1] - 1)  # (u * total rounded up to the total: the last token)
+
+
 class DeviceLoop:
-    """Greedy speculative decoding with the round on the device (see the module docstring).
+    """Speculative decoding with the round on the device, greedy or sampled (see the module docstring).
 
     `DeviceLoop(target)` (gamma 0) is the target alone; `DeviceLoop(target, draft=draft, gamma=4)` a draft
     model's chain; `DeviceLoop(target, head=head, gamma=5)` an EAGLE head's chain (`eagle.EagleHead`). The
@@ -70,10 +92,17 @@ class DeviceLoop:
     the round as one CUDA graph. `compile=True` (or "steps") first compiles the target's pass, the draft's step and
     the head's step with `torch.compile`, each on its own, the glue between them (argmax, masks, acceptance, commit)
     left as separate small kernels; `compile="round"` also compiles the whole round as one graph (`fullgraph`), so
-    that the glue is fused too. On the CPU the round runs op by op unless compiled (how the tests check it)."""
+    that the glue is fused too. On the CPU the round runs op by op unless compiled (how the tests check it).
+    `temperature` > 0 samples (warped with `top_k` and `top_p` as in the engine, the draft's distribution too): the
+    output is distributed exactly as the target's own sampling; temperature 0 (the default) is greedy."""
 
     def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
-                 compile: bool | str = False):
+                 compile: bool | str = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+        require("temperature", temperature, is_number(temperature) and math.isfinite(temperature)
+                and (temperature == 0 or temperature >= 1e-6), "a finite number >= 0 (0 means greedy; a positive "
+                "one must be >= 1e-6)")
+        require("top_k", top_k, is_count(top_k, 0), "an integer >= 0 (0 means off)")
+        require("top_p", top_p, is_number(top_p) and 0 < top_p <= 1, "a number in (0, 1] (1.0 means off)")
         if compile not in (False, True, "steps", "round"):
             raise ValueError(f"compile must be False, True or 'steps' (each pass compiled), or 'round' (the whole "
                              f"round compiled as one graph), got {compile!r}")
@@ -93,9 +122,13 @@ class DeviceLoop:
         if self.graphs and self.device.type != "cuda":
             raise ValueError(f"graphs=True needs a CUDA GPU; the target is on {self.device}")
         self.gamma, self.head, self.compiled = gamma, head, bool(compile)
+        # the warping of every distribution (the draft's and the target's alike, as in the engine); greedy at 0
+        self.sampler = Sampler(temperature, top_k, top_p)
+        self.sampled = not self.sampler.greedy
         self.compile_mode = ("steps" if compile is True else compile) or None
         self.scratch = getattr(self, "scratch", 0)  # head cache slots past the positions (a tree's entries)
-        self.method = "ar" if gamma == 0 else ("greedy" if draft is not None else "eagle-chain")
+        self.method = "ar" if gamma == 0 else ("sampling" if self.sampled else "greedy") if draft is not None \
+            else "eagle-chain"
         self.target = PlainLlama(target, 1, CHUNK)
         self.draft = PlainLlama(draft, 1, CHUNK) if draft is not None else None
         self.taps = tuple(head.target_hidden) if head is not None else ()
@@ -136,6 +169,8 @@ class DeviceLoop:
             self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
             self.L = torch.zeros(1, dtype=torch.long, device=device)
             self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=device)
+            # a sampled round's draws: gamma for the drafts, gamma for the acceptances, one for the token after
+            self.uniforms = torch.zeros(2 * self.gamma + 1, dtype=torch.float64, device=device)
             if self.head is not None:
                 head = self.head
                 weight = head.k.weight
@@ -159,14 +194,18 @@ class DeviceLoop:
         features [n, F] or None)."""
         core = self.target
         x, tapped = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity, self.taps)
-        best = core.logits(x)[0].argmax(-1)
-        return best, (torch.cat(tapped, -1)[0] if tapped else None)
+        return self._choice(core.logits(x)[0]), (torch.cat(tapped, -1)[0] if tapped else None)
 
     def _draft_step(self, ids, rows):
-        """The draft model fed `ids` [n] at positions `rows` [n]: the argmax after the last one [1]."""
+        """The draft model fed `ids` [n] at positions `rows` [n]: its choice after the last one (`_choice`)."""
         core = self.draft
         x, _ = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity)
-        return core.logits(x[:, -1])[0].argmax(-1, keepdim=True)
+        return self._choice(core.logits(x[:, -1]))  # [1] or [1, V]
+
+    def _choice(self, logits):
+        """What a round needs of logits [n, V]: greedy, the argmax of each row [n]; sampled, each row's warped
+        distribution [n, V] (float64, as the engine compares them)."""
+        return self.sampler.probs(logits).double() if self.sampled else logits.argmax(-1)
 
     def _head_step(self, features, tokens, rows, own: bool, slots=None, mask=None):
         """The EAGLE head's layer over entries (features [n, F|H], tokens [n]) at positions `rows` [n], its keys
@@ -192,43 +231,86 @@ class DeviceLoop:
         return draft_ids if ids is None else ids[draft_ids]
 
     # ------------------------------------------------------------------ one round
+    def _pick(self, choice, k: int):
+        """Draft k's token [1] and the distribution it was drawn from [1, V] (None when greedy): `choice` is a
+        step's `_choice` (the argmax, or the warped distribution, drawn from with uniform k)."""
+        if not self.sampled:
+            return choice, None
+        return sample_rows(choice, self.uniforms[k:k + 1]), choice
+
+    def _head_pick(self, logits, k: int):
+        """`_pick` for the EAGLE head's draft-vocabulary logits [1, V']: a full-vocabulary token, and q over the
+        full vocabulary (zero outside the head's tokens)."""
+        token, q = self._pick(self._choice(logits), k)
+        if q is not None and self.head.vocab_ids is not None:
+            q = q.new_zeros(1, self.head.vocab_size).index_copy_(1, self.head.vocab_ids, q)
+        return self._to_full(token), q
+
     def _draft(self, L):
-        """gamma drafted tokens [gamma], each fed straight into the next step."""
+        """gamma drafted tokens [gamma], each fed straight into the next step, and (sampled) the distributions they
+        were drawn from [gamma, V] (None when greedy)."""
         g, steps = self.gamma, self.steps
         if self.draft is not None:
             # the draft re-reads the newest two committed tokens: whether the last round accepted every draft
             # or not, its cache then holds every committed position (re-writing one it had is harmless)
             rows = L - 2 + self.offsets[:2]
-            token = steps["draft"](self.tokens.index_select(0, rows), rows)
-            drafted = [token]
+            token, q = self._pick(steps["draft"](self.tokens.index_select(0, rows), rows), 0)
+            drafted, qs = [token], [q]
             for k in range(1, g):
-                token = steps["draft"](token, L + k - 1)  # d_(k-1) sits at position L + k - 1
+                token, q = self._pick(steps["draft"](token, L + k - 1), k)  # d_(k-1) sits at position L + k - 1
                 drafted.append(token)
-            return torch.cat(drafted)
-        # EAGLE: the head's output for the newest committed entry (kept by the last round's catch-up)
-        h, token = self.h0, self._to_full(self.logits0.argmax(-1))
-        drafted = [token]
-        for k in range(1, g):  # entry (h, d_(k-1)) sits at position L + k - 2
-            h, logits = steps["head"](h, token, L + k - 2, own=True)
-            token = self._to_full(logits.argmax(-1))
-            drafted.append(token)
-        return torch.cat(drafted)
+                qs.append(q)
+        else:
+            # EAGLE: the head's output for the newest committed entry (kept by the last round's catch-up)
+            h = self.h0
+            token, q = self._head_pick(self.logits0, 0)
+            drafted, qs = [token], [q]
+            for k in range(1, g):  # entry (h, d_(k-1)) sits at position L + k - 2
+                h, logits = steps["head"](h, token, L + k - 2, own=True)
+                token, q = self._head_pick(logits, k)
+                drafted.append(token)
+                qs.append(q)
+        return torch.cat(drafted), (torch.cat(qs) if self.sampled else None)
+
+    def _accept(self, drafts, q, target):
+        """(n, the target's token after the n leading drafts it keeps [1]). Greedy: `target` is its argmax at each
+        verified row [gamma + 1]; a draft is kept while it equals it, and the argmax after them follows. Sampled:
+        `target` is p [gamma + 1, V] and `q` [gamma, V] what the drafts were drawn from (notebook 02's rule, see the
+        module docstring)."""
+        g = self.gamma
+        if not self.sampled:
+            n = (drafts == target[:g]).long().cumprod(0).sum()  # leading drafts the target agrees with
+            return n, target.gather(0, n.view(1))
+        u, column = self.uniforms, drafts[:, None]
+        q = target[:0] if q is None else q  # (gamma 0: nothing drafted)
+        kept = u[g:2 * g] * q.gather(1, column)[:, 0] < target[:g].gather(1, column)[:, 0]  # min(1, p/q), no division
+        n = kept.long().cumprod(0).sum()
+        q_rows = torch.cat([q, torch.zeros_like(target[:1])])  # q_gamma = 0: after every draft kept, p_gamma itself
+        p_n, q_n = target.index_select(0, n.view(1)), q_rows.index_select(0, n.view(1))
+        rest = (p_n - q_n).clamp(min=0)
+        rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, p_n)  # an empty residual: p itself (the engine's rule)
+        return n, sample_rows(rest, u[2 * g:])
 
     def _round(self):
         g, L = self.gamma, self.L
-        drafts = self._draft(L) if g else self.tokens[:0]
+        drafts, q = self._draft(L) if g else (self.tokens[:0], None)
         rows = L - 1 + self.offsets[:g + 1]  # the newest committed token, then the drafts
-        best, features = self.steps["verify"](torch.cat([self.tokens.index_select(0, L - 1), drafts]), rows)
-        n = (drafts == best[:g]).long().cumprod(0).sum()  # leading drafts the target agrees with
+        target, features = self.steps["verify"](torch.cat([self.tokens.index_select(0, L - 1), drafts]), rows)
+        n, after = self._accept(drafts, q, target)
         self.tokens.index_copy_(0, rows[1:], drafts)
-        self.tokens.index_copy_(0, L + n, best.gather(0, n.view(1)))  # the target's own token after them
+        self.tokens.index_copy_(0, L + n, after)  # the target's own token after them
+        return self._finish(L, n, rows, features)
+
+    def _finish(self, L, n, rows, features):
+        """The end of a round that kept n drafts: for an EAGLE head, its entries (feature p, token p+1) for the
+        verified positions `rows` [gamma + 1] (`features`: the target's at those positions); entry L + n - 1, whose
+        token is the newest committed one (at L + n), drafts the next round (rows past it are overwritten before being
+        read). Then the round's result into `out` (n, the tokens at L .. L + gamma) and L += n + 1."""
         if self.head is not None:
-            # the head's entries (feature p, token p+1) for the verified positions; entry L + n - 1, whose token is the
-            # newest committed one (at L + n), drafts the next round (rows past it are overwritten before being read)
             h, logits = self.steps["head"](features, self.tokens.index_select(0, rows + 1), rows, own=False)
             self.h0.copy_(h.index_select(0, n.view(1)))
             self.logits0.copy_(logits.index_select(0, n.view(1)))
-        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:g + 1])]))
+        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:self.gamma + 1])]))
         self.L.add_(n + 1)
         return self.out
 
@@ -280,9 +362,14 @@ class DeviceLoop:
             self.graph, _ = record_cuda_graph(self.round_fn, self._pool, warmups=warmups)
 
     @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens: int, eos_token_id=None) -> DeviceResult:
-        """Greedy decoding of one prompt (`input_ids` [1, P] or [P], P >= 2): stops after `max_new_tokens` tokens
-        or after an EOS token, like `generate`."""
+    def generate(self, input_ids, max_new_tokens: int, eos_token_id=None,
+                 generator: torch.Generator | None = None) -> DeviceResult:
+        """Decode one prompt (`input_ids` [1, P] or [P], P >= 2), greedy or sampled as the loop was built: stops
+        after `max_new_tokens` tokens or after an EOS token, like `generate`. A sampled loop draws its uniforms from
+        `generator` (a CPU `torch.Generator`; None: torch's global one)."""
+        if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
+            raise ValueError(f"generator must be a torch.Generator on the CPU (the draws are made there and copied in) "
+                             f"or None, got {generator!r}")
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and ids.shape[0] != 1:
             raise ValueError(f"the device loop decodes one prompt at a time: input_ids has batch {ids.shape[0]}")
@@ -299,6 +386,8 @@ class DeviceLoop:
         self._begin(ids)
         new, accepted = [], []
         while not _finished(new, max_new_tokens, eos):
+            if self.sampled:  # this round's draws, written into the buffer the round reads
+                self.uniforms.copy_(torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64))
             if self.graph is not None:
                 self.graph.replay()
                 out = self.out.tolist()  # the round's only read-back
@@ -376,7 +465,10 @@ class DeviceTreeLoop(DeviceLoop):
     topk + (depth - 1) * topk^2, the verified rows nodes + 1."""
 
     def __init__(self, target, head, depth: int = 6, topk: int = 4, nodes: int = 24, capacity: int = 512,
-                 graphs: bool | None = None, compile: bool = False):
+                 graphs: bool | None = None, compile: bool = False, temperature: float = 0.0):
+        if temperature != 0:
+            raise ValueError(f"the device tree is greedy only (temperature 0), got temperature {temperature!r}; a "
+                             f"sampled EAGLE tree runs on the engine: generate(..., method='eagle', temperature=...)")
         for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -483,14 +575,8 @@ class DeviceTreeLoop(DeviceLoop):
         core = self.target
         for buffer in (core.keys, core.values):  # the path's keys and values to slots L .. L+D-1
             buffer.index_copy_(3, L + self.offsets[:D], buffer.index_select(3, L + path))
-        rows = L - 1 + self.offsets[:D + 1]
-        h, logits = self.steps["head"](features.index_select(0, torch.cat([self.offsets[:1], 1 + path])),
-                                       self.tokens.index_select(0, rows + 1), rows, own=False)
-        self.h0.copy_(h.index_select(0, n.view(1)))
-        self.logits0.copy_(logits.index_select(0, n.view(1)))
-        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:D + 1])]))
-        self.L.add_(n + 1)
-        return self.out
+        rows = L - 1 + self.offsets[:D + 1]  # the root and the path's nodes, now at positions L - 1 .. L + D - 1
+        return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])))
 
     def _allocate(self, capacity: int) -> None:
         super()._allocate(capacity)

@@ -384,8 +384,10 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
         with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
             run(variant, encoded[0], references[0])
     device_name = device_summary(device)
-    if torch.device(device).type == "cpu":
-        device_name += f" | {torch.backends.cpu.get_cpu_capability()}"
+    if torch.device(device).type == "cpu":  # the model and kind too: CPUs of one kind still differ (bf16 on AMX)
+        cpu = report.cpu_info()
+        device_name = (f"{cpu['model']}, {cpu['cores']} cores, CPU kind {cpu['kind']} | "
+                       f"{device_name.split(' | ', 1)[1]} | {torch.backends.cpu.get_cpu_capability()}")
 
     import transformers
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}

@@ -30,8 +30,8 @@ from ..utils import REPO_ROOT
 
 BENCH_DIR = REPO_ROOT / "data" / "bench"
 GREEDY_METHODS = ("ar,greedy,adaptive-hf,adaptive-dual,entropy-stop,confidence-stop,adaedl,learned-stop,"
-                  "hierarchical,medusa,draft-tree,hf-assisted,hf-assisted-heuristic,hf-prompt-lookup")
-SAMPLED_METHODS = "ar,sampling,entropy-stop,hierarchical,draft-tree,hf-assisted"
+                  "hierarchical,medusa,draft-tree,eagle-chain,eagle,hf-assisted,hf-assisted-heuristic,hf-prompt-lookup")
+SAMPLED_METHODS = "ar,sampling,entropy-stop,hierarchical,medusa,draft-tree,eagle-chain,eagle,hf-assisted"
 REQUIRED = ("method", "category", "new_tokens", "wall_s", "target_calls", "new_token_ids", "dtype", "device_name",
             "versions", "date")
 

@@ -405,10 +405,42 @@ def device_loop_table() -> str:
     return "\n".join(rows)
 
 
+CPU_DEVICE_BOARDS = (("tree_graph_device_cpu_avx512.json", "greedy, op by op"),
+                     ("tree_graph_device_cpu_avx512_round.json", "greedy, each round compiled whole"),
+                     ("tree_graph_device_cpu_avx512_sampled.json", "sampled (T = 1), each round compiled whole"))
+
+
+def device_loop_cpu_table() -> str:
+    """The device loops on the CPU (tools/tree_graph_bench --device cpu --part device-board): each committed board's
+    loops beside the course's engine measured in the same run, over the engine's `ar` (bootstrap over prompts, the
+    word from the interval) and over the device loop's `ar`."""
+    from .. import report
+    rows = ["| board | loop | gamma or tree | tok/s | tau | over the engine's `ar` | over the device `ar` |",
+            "|---|---|---|---|---|---|---|"]
+    heads = []
+    for name, how in CPU_DEVICE_BOARDS:
+        if not (BENCH / name).exists():
+            continue
+        run = _load(name)
+        records = run["records"]
+        heads.append(f"{how}: {run['device']}, bfloat16, torch {run['torch']}, {run['date']}, {run['prompts']} "
+                     f"held-out prompts x {run['max_new_tokens']} tokens, one run")
+        for m in dict.fromkeys(r["method"] for r in records):
+            mine = [r for r in records if r["method"] == m]
+            engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
+            device = report.speedup(records, m, "ar (device)") if m != "ar (device)" else None
+            shape = run["tree"] if m == "eagle (device)" else run["gammas"].get(m, mine[0].get("gamma", 0))
+            rows.append(f"| {how} | `{m}` | {shape} | {report.tokens_per_second(mine):.1f} | "
+                        f"{report.tokens_per_target_call(mine):.2f} | "
+                        + ("1.00x" if engine is None else f"{engine:.2fx}, {report.verdict(engine)}") + " | "
+                        + ("1.00x" if device is None else f"{device:.2fx}") + " |")
+    return "\n".join(f"- {head}" for head in heads) + "\n\n" + "\n".join(rows)
+
+
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
           "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "trees-graphed": trees_graphed_table,
-          "device-loop": device_loop_table,
+          "device-loop": device_loop_table, "device-loop-cpu": device_loop_cpu_table,
           "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 

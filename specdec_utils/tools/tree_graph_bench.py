@@ -25,6 +25,10 @@ tokens/s on *training* prompts (`--prompts N`: taken in turn from each category)
 `device-board` (bfloat16): the held-out prompts, the device loops at the tuned gammas beside, on a GPU, `ar` on the
 compiled plain runner's host loop and on the engine's graphed step (on the CPU: the course's engine running `ar`
 and the same chains), `--repeats` times.
+
+`--temperature T` (device-tune and device-board): the chains sampled (the device loop's sampled round; the draft's
+chain is then `sampling`), each prompt's draws from a generator seeded with its index, beside the engine's sampled
+methods; the device tree is greedy only and is left out.
 """
 from __future__ import annotations
 
@@ -139,15 +143,21 @@ def board(args, tokenizer, rows) -> dict:
     return out
 
 
-def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict) -> dict:
-    loops = {"ar (device)": DeviceLoop(target, gamma=0, capacity=capacity, compile=compiled)}
+def _chain(temperature: float) -> str:
+    """The draft model's chain: `greedy`, or `sampling` at a temperature above 0 (the engine's method names)."""
+    return "sampling" if temperature else "greedy"
+
+
+def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict, temperature: float = 0.0) -> dict:
+    """The device loops: `ar`, the draft's chain and the head's chain (at `temperature`), and EAGLE's tree (greedy
+    only: left out when sampling)."""
+    warp = {"capacity": capacity, "compile": compiled, "temperature": temperature}
+    loops = {"ar (device)": DeviceLoop(target, gamma=0, **warp)}
     if "greedy" in gammas:
-        loops["greedy (device)"] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"], capacity=capacity,
-                                              compile=compiled)
+        loops[f"{_chain(temperature)} (device)"] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"], **warp)
     if "eagle-chain" in gammas:
-        loops["eagle-chain (device)"] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
-                                                   capacity=capacity, compile=compiled)
-    if gammas.get("eagle"):
+        loops["eagle-chain (device)"] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"], **warp)
+    if gammas.get("eagle") and not temperature:
         depth, topk, nodes = gammas["eagle"]
         loops["eagle (device)"] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
                                                  capacity=capacity, compile=compiled)
@@ -198,7 +208,7 @@ def _device_setup(args, tokenizer, rows, dtype):
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": tree})
+                           "eagle": tree}, args.temperature)
     for loop in loops.values():
         loop.prepare()
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
@@ -206,14 +216,15 @@ def _device_setup(args, tokenizer, rows, dtype):
 
 def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
     """One record per prompt, in the fields `report.summarize` reads (target_calls: the rounds; the prefill, which
-    produces no token here, is not counted)."""
+    produces no token here, is not counted). A sampled loop draws prompt i's uniforms from a generator seeded i."""
     loop.prepare()
     records = []
-    for row, ids in zip(rows, encoded):
+    for i, (row, ids) in enumerate(zip(rows, encoded)):
+        generator = torch.Generator().manual_seed(i) if loop.sampled else None
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = loop.generate(ids, max_new_tokens, eos_token_id=eos)
+        out = loop.generate(ids, max_new_tokens, eos_token_id=eos, generator=generator)
         if device == "cuda":
             torch.cuda.synchronize()
         records.append({"id": row["id"], "category": row.get("category"), "method": label, "gamma": loop.gamma,
@@ -264,9 +275,10 @@ def device_tune(args, tokenizer, _rows) -> dict:
     span = max(gammas + [nodes for _, _, nodes in shapes], default=0) + 1  # the widest round: no loop grows while timed
     capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
-                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {})
+                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {}, args.temperature)
     eos = tokenizer.eos_token_id
     out = {"split": "train", "prompts": len(rows), "capacity": loops["ar (device)"].capacity,
+           "temperature": args.temperature,
            "categories": sorted({row["category"] for row in rows}),
            "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {}}
     ar = loops.pop("ar (device)")
@@ -291,7 +303,7 @@ def device_tune(args, tokenizer, _rows) -> dict:
                     json.dump({**out, "partial": True}, f, indent=1)
         mine = [r for r in out["results"] if r["method"] == label]
         out["best"][label] = max(mine, key=lambda r: r["tok_per_s"])["gamma"]
-    for depth, topk, nodes in shapes:
+    for depth, topk, nodes in shapes if not args.temperature else ():  # (the device tree is greedy only)
         shape = f"{depth}x{topk}x{nodes}"
         t0 = time.perf_counter()
         loop = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity,
@@ -324,14 +336,17 @@ def device_board(args, tokenizer, rows) -> dict:
         baselines = [("ar (plain runner, host loop)", plain, None, "ar", 1),
                      ("ar (engine)", ModelRunner(target, graphs=True, capacity=capacity, record=record), None, "ar", 1)]
     else:  # the CPU's: the course's engine (eager transformers forward), alone and with the same drafts and gammas
+        chain = _chain(args.temperature)
         baselines = [("ar (engine)", target, None, "ar", 1),
-                     ("greedy (engine)", target, draft, "greedy", args.gamma_greedy),
+                     (f"{chain} (engine)", target, draft, chain, args.gamma_greedy),
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
     out = {"prepare_s": time.perf_counter() - t0, "capacity": loops["ar (device)"].capacity,
+           "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
-    common = dict(max_new_tokens=args.max_new_tokens, temperature=0.0, top_p=1.0, seed=0, dtype_name="bfloat16",
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
+                  dtype_name="bfloat16",
                   device=args.device, eagle=eagle)
     eos = tokenizer.eos_token_id
     for repeat in range(args.repeats):
@@ -366,7 +381,8 @@ def board_fields(out: dict, prompts: int, args) -> dict:
                  if r["method"] == "ar (device)" and "new_token_ids" in r}  # (an earlier repeat's: slimmed already)
     for r in out["records"]:
         if "new_token_ids" in r:
-            r["same_as_device_ar"] = r["new_token_ids"] == reference.get((r.get("repeat"), r["id"]))
+            if not out.get("temperature"):  # (sampled, every loop draws other numbers: no reason to be the same)
+                r["same_as_device_ar"] = r["new_token_ids"] == reference.get((r.get("repeat"), r["id"]))
             if args.slim:
                 del r["new_token_ids"]
     out.update(split="eval", prompts=prompts, max_new_tokens=args.max_new_tokens,
@@ -448,6 +464,8 @@ def main(argv=None) -> int:
                     help="device parts: the loops' buffer length (0: what the prompts need, rounded up to 128)")
     ap.add_argument("--whole-round", action="store_true",
                     help="device parts: compile each loop's whole round as one graph (DeviceLoop(compile='round'))")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="device-tune and device-board: sample the chains at this temperature (0: greedy; no tree)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: the same code op by op (nothing recorded; compiled only with --whole-round)")
     args = ap.parse_args(argv)
@@ -464,9 +482,12 @@ def main(argv=None) -> int:
         for path in args.tuned.split(","):  # a later file's choice wins
             with open(path) as f:
                 best.update(json.load(f)["best"])
-        args.gamma_greedy = best.get("greedy (device)", args.gamma_greedy)
+        args.gamma_greedy = best.get(f"{_chain(args.temperature)} (device)", args.gamma_greedy)
         args.gamma_eagle = best.get("eagle-chain (device)", args.gamma_eagle)
         args.tree = best.get("eagle (device)", args.tree)
+    if args.temperature < 0 or (args.temperature and args.part not in ("device-tune", "device-board")):
+        ap.exit(2, f"tree_graph_bench: --temperature takes a number >= 0, for the parts device-tune and device-board "
+                   f"(the others are greedy); got {args.temperature} with --part {args.part}\n")
     if args.device == "cpu":  # compiled only when asked for the whole round (Inductor's CPU code, no graph)
         args.compile = args.compile and args.whole_round
     elif not torch.cuda.is_available():
