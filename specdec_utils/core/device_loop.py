@@ -79,8 +79,10 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     `sampling._inverse_cdf` as tensor operations, with no read back. A zero-probability token owns an empty slice,
     so it is never drawn. Returns ids [n]."""
     cdf = probs.double().cumsum(-1)
-    picked = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
-    return picked.clamp(max=probs.shape[-1] - 1)  # (u * total rounded up to the total: the last token)
+    total = cdf[:, -1:]
+    # u * total can round up to the total itself: kept just below it, so that the token drawn has mass
+    where = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, where, right=True)[:, 0]
 
 
 class DeviceLoop:

@@ -342,7 +342,7 @@ def device_board(args, tokenizer, rows) -> dict:
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
     out = {"prepare_s": time.perf_counter() - t0, "capacity": loops["ar (device)"].capacity,
            "temperature": args.temperature,
-           "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
+           "gammas": {k: v.gamma for k, v in loops.items()}, "tree": "" if args.temperature else args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
