@@ -223,6 +223,19 @@ def tokens_per_target_call(records: list[dict]) -> float | None:
     return sum(r["new_tokens"] for r in records) / sum(r["target_calls"] for r in records)
 
 
+def round_fit(records: list[dict]) -> tuple[float, float]:
+    """Each prompt's wall time against its number of rounds (`target_calls`), fitted by least squares over the
+    records: (ms per round, the slope; ms per prompt outside the rounds, the intercept: the prefill among it)."""
+    xs = [r["target_calls"] for r in records]
+    ys = [r["wall_s"] * 1e3 for r in records]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    if spread == 0:
+        raise ValueError("round_fit needs records with different numbers of rounds")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread
+    return slope, my - slope * mx
+
+
 def _drafted_known(records: list[dict]) -> bool:
     return all(r.get("drafted", -1) >= 0 for r in records)  # -1: the method does not report it
 

@@ -98,6 +98,14 @@ def test_summarize_pools_each_method_once_for_every_renderer():
     assert report.speedup_rows(rs, methods=["greedy"])[0]["speedup"] == f"{greedy['speedup_ci']:.2fx}"
 
 
+def test_round_fit_recovers_a_per_round_cost_and_a_fixed_cost():
+    records = [{"target_calls": n, "wall_s": (25 + 1.5 * n) / 1e3} for n in (10, 20, 35, 50)]
+    per_round, fixed = report.round_fit(records)
+    assert abs(per_round - 1.5) < 1e-9 and abs(fixed - 25) < 1e-9
+    with pytest.raises(ValueError, match="different numbers of rounds"):
+        report.round_fit(records[:1] * 3)
+
+
 def test_from_repeats_is_median_and_range():
     e = report.from_repeats([3.0, 1.0, 2.0])
     assert (e.value, e.low, e.high) == (2.0, 1.0, 3.0)
