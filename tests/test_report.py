@@ -106,6 +106,35 @@ def test_round_fit_recovers_a_per_round_cost_and_a_fixed_cost():
         report.round_fit(records[:1] * 3)
 
 
+def test_resample_indices_are_the_picks_of_random_choice():
+    import random
+    for n in (1, 2, 3, 7, 8, 40, 176, 1000):
+        rng = random.Random(5)
+        expected = [rng.choice(range(n)) for _ in range(3 * n + 50)]
+        assert report.resample_indices(n, len(expected), seed=5).tolist() == expected
+    with pytest.raises(ValueError, match="at least one item"):
+        report.resample_indices(0, 3)
+
+
+def test_vectorized_bootstraps_equal_the_record_by_record_statistic():
+    """speedup and tau bootstrap through numpy; the interval equals the one of the plain statistic."""
+    import random
+    rng = random.Random(1)
+    records = [{"id": p, "method": m, "new_tokens": rng.randint(20, 64), "wall_s": rng.uniform(0.5, 3.0),
+                "target_calls": rng.randint(8, 40)} for p in range(30) for m in ("ar", "greedy")]
+    fast = report.speedup(records, "greedy")
+    mine, base = ({r["id"]: [r] for r in records if r["method"] == m} for m in ("greedy", "ar"))
+
+    def ratio(sample):
+        return (report.tokens_per_second([r for p in sample for r in mine[p]])
+                / report.tokens_per_second([r for p in sample for r in base[p]]))
+    plain = report.bootstrap(list(mine), ratio)
+    assert (fast.value, fast.low, fast.high) == (plain.value, plain.low, plain.high)
+    tau = report.tau(records, "greedy")
+    plain_tau = report.bootstrap(list(mine), lambda s: report.tokens_per_target_call([r for p in s for r in mine[p]]))
+    assert (tau.value, tau.low, tau.high) == (plain_tau.value, plain_tau.low, plain_tau.high)
+
+
 def test_from_repeats_is_median_and_range():
     e = report.from_repeats([3.0, 1.0, 2.0])
     assert (e.value, e.low, e.high) == (2.0, 1.0, 3.0)

@@ -41,7 +41,7 @@ from ..core.runner import ModelRunner
 from ..core.static_cache import supports_static_cache
 from ..models import UnknownModelError, load_model
 from ..prompts import eval_subset, format_prompt, load_prompts
-from ..utils import device_summary, get_device, timer
+from ..utils import device_summary, get_device, quick_mode, timer
 
 HF_METHODS = ("hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
 METHODS = (*engine_methods.METHODS, *HF_METHODS)
@@ -337,14 +337,15 @@ class Variant:
 def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max_new_tokens: int,
                   gamma: int, temperature: float, top_p: float, seed: int, dtype_name: str, device,
                   params: dict[str, dict] | None = None, draft_small=None,
-                  drafts: dict | None = None, heads=None, warmup: bool = True, eagle=None) -> list[dict]:
+                  drafts: dict | None = None, heads=None, warmup: bool | None = None, eagle=None) -> list[dict]:
     """One record per (prompt, method). `methods` holds method names (run with `gamma` and
     `params[name]`) or `Variant`s; prompts are the outer loop, so every method sees the machine in
     the same state. Each method first runs once, untimed, on the first prompt with the full token
     budget: on a GPU, short warm-ups leave kernel and allocator set-up for longer sequences inside
     the first timed prompt (`warmup=False` skips it, for models already run at these shapes, e.g. a
-    small CPU sample after a timing of the same models). `oracle` gets the target's greedy output of
-    each prompt, computed untimed.
+    small CPU sample after a timing of the same models; the default, None, skips it only in quick mode
+    on a CPU, whose timings nobody reads and whose warm-up would be a sixth of a five-prompt run).
+    `oracle` gets the target's greedy output of each prompt, computed untimed.
     A `Variant` naming its own `draft` / `draft_small` / `heads` runs with `drafts[name]`, so methods
     with different drafts share one run, prompt by prompt. `heads`: the Medusa heads of `medusa`.
     `target`, `draft`, `draft_small` and the values of `drafts` may be `ModelRunner`s, made once (the
@@ -380,6 +381,8 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
                           gamma=variant.gamma, params=chosen, draft_small=variant_small,
                           heads=variant_heads, eagle=eagle, **settings)
 
+    if warmup is None:
+        warmup = not (quick_mode() and torch.device(device).type == "cpu")
     for variant in variants if warmup else []:
         with attention_backends(torch.device(device)):  # HF's generate too: the same SDPA choice as the engine
             run(variant, encoded[0], references[0])
