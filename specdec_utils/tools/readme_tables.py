@@ -407,6 +407,7 @@ def device_loop_table() -> str:
 
 CPU_DEVICE_BOARDS = (("tree_graph_device_cpu_avx512.json", "greedy, op by op"),
                      ("tree_graph_device_cpu_avx512_round.json", "greedy, each round compiled whole"),
+                     ("tree_graph_device_cpu_avx512_round_intel.json", "greedy, each round compiled whole"),
                      ("tree_graph_device_cpu_avx512_sampled.json", "sampled (T = 1), each round compiled whole"))
 
 
@@ -423,14 +424,16 @@ def device_loop_cpu_table() -> str:
             continue
         run = _load(name)
         records = run["records"]
-        heads.append(f"{how}: {run['device']}, bfloat16, torch {run['torch']}, {run['date']}, {run['prompts']} "
+        label = f"{how}, {run['device'].split(',')[0]}"  # the machine: boards of one CPU kind differ between CPUs
+        kind = run["device"].split(",", 1)[1].strip()  # cores and CPU kind
+        heads.append(f"{label}: {kind}, bfloat16, torch {run['torch']}, {run['date']}, {run['prompts']} "
                      f"held-out prompts x {run['max_new_tokens']} tokens, one run")
         for m in dict.fromkeys(r["method"] for r in records):
             mine = [r for r in records if r["method"] == m]
             engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
             device = report.speedup(records, m, "ar (device)") if m != "ar (device)" else None
             shape = run["tree"] if m == "eagle (device)" else run["gammas"].get(m, mine[0].get("gamma", 0))
-            rows.append(f"| {how} | `{m}` | {shape} | {report.tokens_per_second(mine):.1f} | "
+            rows.append(f"| {label} | `{m}` | {shape} | {report.tokens_per_second(mine):.1f} | "
                         f"{report.tokens_per_target_call(mine):.2f} | "
                         + ("1.00x" if engine is None else f"{engine:.2fx}, {report.verdict(engine)}") + " | "
                         + ("1.00x" if device is None else f"{device:.2fx}") + " |")
