@@ -427,7 +427,9 @@ def device_loop_cpu_table() -> str:
         label = f"{how}, {run['device'].split(',')[0]}"  # the machine: boards of one CPU kind differ between CPUs
         kind = run["device"].split(",", 1)[1].strip()  # cores and CPU kind
         heads.append(f"{label}: {kind}, bfloat16, torch {run['torch']}, {run['date']}, {run['prompts']} "
-                     f"held-out prompts x {run['max_new_tokens']} tokens, one run")
+                     f"held-out prompts x {run['max_new_tokens']} tokens, one run"
+                     + (f", buffers of {run['capacity']} slots" if run.get("capacity") else "")
+                     + (f"; note: {run['note']}" if run.get("note") else ""))
         for m in dict.fromkeys(r["method"] for r in records):
             mine = [r for r in records if r["method"] == m]
             engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
