@@ -111,6 +111,11 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
     cases["eagle tree 3x2x5, round compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5,
                                                                compile="round")
     cases["eagle-chain 3, round compiled"] = DeviceLoop(target, head=head, gamma=3, compile="round")
+    cases["eagle-chain 3, triton, round compiled"] = DeviceLoop(target, head=head, gamma=3, compile="round",
+                                                                attention="triton")
+    cases["eagle tree 4x3x12, triton"] = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=12, attention="triton")
+    cases["eagle tree 3x2x5, triton, round compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5,
+                                                                       compile="round", attention="triton")
     for seed in (5, 6):
         ids = random_prompt(13, seed=seed).cuda()
         reference = generate(target, ids, 40, method="ar").new_token_ids
@@ -118,7 +123,7 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
             assert loop.generate(ids, 40).new_token_ids == reference, name
             assert loop.graph is not None
     for name in ("eagle tree 4x3x12", "eagle tree 3x2x5, compiled", "eagle tree 3x2x5, round compiled",
-                 "eagle-chain 3, round compiled"):
+                 "eagle-chain 3, round compiled", "eagle tree 3x2x5, triton, round compiled"):
         times = cases[name].anatomy(repeats=3)
         assert set(times) == {"round_ms", "draft_ms", "verify_ms"} and min(times.values()) > 0, (name, times)
     assert set(cases["eagle-chain 3, round compiled"].anatomy(repeats=3, parts=False)) == {"round_ms"}
@@ -218,6 +223,63 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     assert {r["method"] for r in board["records"]} == {"ar (device)", "sampling (device)", "eagle-chain (device)",
                                                         "ar (engine)", "sampling (engine)", "eagle-chain (engine)"}
     assert board["temperature"] == 1 and not any("same_as_device_ar" in r for r in board["records"])
+
+
+def test_the_triton_attention_gives_the_same_tokens():
+    """attention="triton": the target's pass through notebook 08's kernel (the prefix read unmasked, the rows' block
+    mask), in the chain, the draft's chain sampled (draw for draw) and the tree, where a small vocabulary makes whole
+    paths accepted: the same tokens as the same loop on SDPA (float32). On the CPU the kernel runs in Triton's
+    interpreter; on a GPU the CUDA-only test records it."""
+    from specdec_utils.core import tree_attention
+    from specdec_utils.core.device_loop import DeviceTreeLoop
+    if not tree_attention.AVAILABLE:
+        pytest.skip(tree_attention.WHY)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # (the kernels run where the tensors are)
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.02, seed=1).to(device)
+    head = random_eagle_head(target, 2)  # made on the CPU, then moved with the target
+    target, head = target.to(device), head.to(device)
+    ids = random_prompt(9, seed=6).to(device)
+    reference = generate(target, ids, 30, method="ar").new_token_ids
+    for name, loop in {"ar": DeviceLoop(target, gamma=0, attention="triton"),
+                       "greedy 4": DeviceLoop(target, draft=draft, gamma=4, attention="triton"),
+                       "eagle-chain 3": DeviceLoop(target, head=head, gamma=3, attention="triton")}.items():
+        assert loop.generate(ids, 30).new_token_ids == reference, name
+    sampled = [DeviceLoop(target, draft=draft, gamma=3, temperature=1.0, attention=attention)
+               .generate(ids, 30, generator=torch.Generator().manual_seed(3)) for attention in ("sdpa", "triton")]
+    assert sampled[0].new_token_ids == sampled[1].new_token_ids and sampled[1].tau > 1.5
+    small = random_model("tiny-llama", seed=4, vocab=6)
+    small_head = random_eagle_head(small, 5)
+    small, small_head = small.to(device), small_head.to(device)
+    ids = random_prompt(6, seed=1, vocab=6).to(device)
+    out = DeviceTreeLoop(small, small_head, depth=5, topk=3, nodes=30, attention="triton").generate(ids, 60)
+    assert out.new_token_ids == generate(small, ids, 60, method="ar").new_token_ids and max(out.accepted) >= 3
+    with pytest.raises(ValueError, match="attention must be 'sdpa'"):
+        DeviceLoop(target, gamma=0, attention="flash")
+    # the benchmark's `--attention both`: every loop twice, the kernel's labelled
+    from specdec_utils.tools.tree_graph_bench import _device_loops
+    loops = _device_loops(target, draft, head, 64, False, {"greedy": 2, "eagle-chain": 2, "eagle": (2, 2, 3)},
+                          attentions=("sdpa", "triton"))
+    assert {k: v.attention for k, v in loops.items()} == {
+        "ar (device)": "sdpa", "greedy (device)": "sdpa", "eagle-chain (device)": "sdpa", "eagle (device)": "sdpa",
+        "ar (device, triton)": "triton", "greedy (device, triton)": "triton", "eagle-chain (device, triton)": "triton",
+        "eagle (device, triton)": "triton"}
+
+
+def test_top_k_rows_is_topk():
+    """The tree's top-k (k argmax passes, no radix select) gives torch.topk's values and indices; a tie goes to the
+    lower index, and the k indices are distinct even where a row holds -inf."""
+    from specdec_utils.core.device_loop import top_k_rows
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((9,), (3, 8192), (4, 7)):
+        for k in (1, 2, 3, 4):
+            x = torch.randn(*shape, generator=generator)
+            values, indices = top_k_rows(x, k)
+            expected = x.topk(k)
+            assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices), (shape, k)
+    values, indices = top_k_rows(torch.tensor([1.0, 3.0, 3.0, -float("inf"), -float("inf")]), 5)
+    assert indices.tolist() == [1, 2, 0, 3, 4] and values[:3].tolist() == [3.0, 3.0, 1.0]
+    assert top_k_rows(torch.full((2, 4), -float("inf")), 3)[1].tolist() == [[0, 1, 2]] * 2
 
 
 def test_the_device_tree_gives_the_target_alones_tokens():
@@ -486,3 +548,16 @@ def test_sampling_refuses_what_it_cannot_run():
         DeviceTreeLoop(target, eagle.eagle_head_for(target), depth=2, topk=2, nodes=3, temperature=1.0)
     with pytest.raises(ValueError, match="generator must be"):
         DeviceLoop(target, gamma=0, temperature=1.0).generate(torch.tensor([[5, 6]]), 3, generator=7)
+
+
+def test_the_round_profile_reads_its_loop_specs():
+    """`tools.round_profile` (GPU only) builds each loop from KIND@COMPILE[@ATTENTION]; a bad spec gets one line."""
+    from specdec_utils.tools.round_profile import build
+    target = random_model("tiny-llama", seed=0)
+    head = random_eagle_head(target, 2)
+    tree = build("tree3x2x4@none@triton", target, head, 64)
+    assert (tree.gamma, tree.topk, tree.nodes, tree.attention, tree.compiled) == (3, 2, 4, "triton", False)
+    assert build("chain5@none", target, head, 64).gamma == 5 and build("ar@none", target, head, 64).gamma == 0
+    for bad in ("tree5x3x10", "chain@round", "star@round", "ar@fast"):
+        with pytest.raises(ValueError, match="a loop"):
+            build(bad, target, head, 64)

@@ -88,6 +88,27 @@ def test_the_check_catches_a_missing_ancestor():
     assert (ta.tree_attention_masked(q, k, v, bad) - ref).abs().max() > 0.01
 
 
+@pytest.mark.parametrize("T, P, kind, splits", [(1, 0, "chain", 1), (1, 37, "chain", 2), (6, 90, "chain", 2),
+                                                 (11, 150, "random", 3), (11, 150, "random", 1), (30, 5, "wide", 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_block_attention_reads_the_prefix_from_the_device(T, P, kind, splits, dtype):
+    """`block_attention` (the device loop's attention): the rows at slots P .. P+T-1 of a longer buffer, P read from a
+    device tensor, the block mask [T, T]: equal to SDPA with the whole mask, whatever the slices (empty ones too)."""
+    capacity = P + T + 19  # stale slots past the rows: never read
+    rng, gen = random.Random(T + P), torch.Generator().manual_seed(T * 31 + P)
+    block = ta.mask_from_parents(make_parents(kind, T, rng), 0)
+    q = torch.randn(1, 9, T, 64, generator=gen).to(DEV, dtype)
+    k = torch.randn(1, 3, capacity, 64, generator=gen).to(DEV, dtype)
+    v = torch.randn(1, 3, capacity, 64, generator=gen).to(DEV, dtype)
+    full = torch.zeros(T, capacity, dtype=torch.bool)
+    full[:, :P] = True
+    full[:, P:P + T] = block
+    ref = ta.reference(q, k[:, :, :P + T], v[:, :, :P + T], full[:, :P + T]).float()
+    out = ta.block_attention(q, k, v, torch.tensor([P], device=DEV), block.to(DEV), splits)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert (out.float() - ref).abs().max().item() <= TOL[dtype], (T, P, kind, splits, dtype)
+
+
 def test_bad_input_gets_one_clear_error():
     q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match="earlier node"):
@@ -107,6 +128,10 @@ def test_bad_input_gets_one_clear_error():
         mask = ta.mask_from_parents(torch.tensor([-1, 0, 0]), 2)
         mask[1, 0] = False
         ta.tree_attention_masked(q, k, k, mask)
+    with pytest.raises(ValueError, match=r"block_mask must be bool \[T, T\]"):
+        ta.block_attention(q, k, k, torch.tensor([1]), torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="start must be one integer"):
+        ta.block_attention(q, k, k, torch.tensor([1.0]), torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"backend 'flash'.*allowed: .*sdpa"):
         ta.use_backend(torch.nn.Linear(1, 1), "flash")
 

@@ -85,6 +85,24 @@ def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, where, right=True)[:, 0]
 
 
+def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the `k` largest entries along the last dimension of `x`, largest first, a tie to the lower
+    index: `torch.topk` for a small k as k argmax passes, each removing its winner. On a GPU `topk` over a row of the
+    head's vocabulary is a radix select run by one thread block per row, the largest item of the tree's drafting in
+    notebook 09's profile (data/bench/device_round_profile_h100.json); k argmax reductions, which the compiler fuses
+    with the operations around them, cost a few kernels of a few microseconds."""
+    # a removed winner becomes -inf, below every entry left (an entry that was -inf already counts as the lowest
+    # finite value), so the k indices are distinct whatever the row holds
+    work, indices = x.clamp(min=torch.finfo(x.dtype).min), []
+    for j in range(k):
+        i = work.argmax(-1, keepdim=True)
+        indices.append(i)
+        if j + 1 < k:
+            work = work.scatter(-1, i, float("-inf"))
+    indices = torch.cat(indices, -1)
+    return x.gather(-1, indices), indices
+
+
 class DeviceLoop:
     """Speculative decoding with the round on the device, greedy or sampled (see the module docstring).
 
@@ -99,12 +117,21 @@ class DeviceLoop:
     output is distributed exactly as the target's own sampling; temperature 0 (the default) is greedy."""
 
     def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
-                 compile: bool | str = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+                 compile: bool | str = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 attention: str = "sdpa"):
         require("temperature", temperature, is_number(temperature) and math.isfinite(temperature)
                 and (temperature == 0 or temperature >= 1e-6), "a finite number >= 0 (0 means greedy; a positive "
                 "one must be >= 1e-6)")
         require("top_k", top_k, is_count(top_k, 0), "an integer >= 0 (0 means off)")
         require("top_p", top_p, is_number(top_p) and 0 < top_p <= 1, "a number in (0, 1] (1.0 means off)")
+        if attention not in ("sdpa", "triton"):
+            raise ValueError(f"attention must be 'sdpa' (PyTorch's attention with a mask over the whole buffer) or "
+                             f"'triton' (notebook 08's kernel, reading the prefix unmasked), got {attention!r}")
+        if attention == "triton":
+            from . import tree_attention
+            if not tree_attention.AVAILABLE:
+                raise ValueError(f"attention='triton' needs Triton: {tree_attention.WHY}")
+        self.attention = attention
         if compile not in (False, True, "steps", "round"):
             raise ValueError(f"compile must be False, True or 'steps' (each pass compiled), or 'round' (the whole "
                              f"round compiled as one graph), got {compile!r}")
@@ -181,6 +208,10 @@ class DeviceLoop:
                 self.h0 = weight.new_zeros(1, head.hidden_size)
                 self.logits0 = weight.new_zeros(1, head.draft_vocab)
         self.cols = torch.arange(capacity, device=device)
+        if self.attention == "triton":  # the target's pass reads its rows' block mask and the prefix unmasked
+            from .tree_attention import block_splits
+            self.causal = torch.ones(self.span, self.span, dtype=torch.bool, device=device).tril()
+            self.splits = block_splits(capacity, self.span, self.target.kv_heads, device)
         self.head_cols = torch.arange(capacity + self.scratch, device=device)
         self.offsets = torch.arange(self.gamma + 2, device=device)
         self.graph = None  # recorded on the old buffers
@@ -195,7 +226,12 @@ class DeviceLoop:
         """The target's pass over `ids` [n] at positions `rows` [n]: (its argmax at every row [n], the EAGLE
         features [n, F] or None)."""
         core = self.target
-        x, tapped = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity, self.taps)
+        if self.attention == "triton":  # the rows are consecutive slots: a causal block after the prefix
+            n = rows.shape[0]
+            x, tapped = core.body(ids[None], rows[None], rows, None, self.capacity, self.taps,
+                                  block=(rows[:1], self.causal[:n, :n], self.splits))
+        else:
+            x, tapped = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity, self.taps)
         return self._choice(core.logits(x)[0]), (torch.cat(tapped, -1)[0] if tapped else None)
 
     def _draft_step(self, ids, rows):
@@ -467,7 +503,8 @@ class DeviceTreeLoop(DeviceLoop):
     topk + (depth - 1) * topk^2, the verified rows nodes + 1."""
 
     def __init__(self, target, head, depth: int = 6, topk: int = 4, nodes: int = 24, capacity: int = 512,
-                 graphs: bool | None = None, compile: bool = False, temperature: float = 0.0):
+                 graphs: bool | None = None, compile: bool = False, temperature: float = 0.0,
+                 attention: str = "sdpa"):
         if temperature != 0:
             raise ValueError(f"the device tree is greedy only (temperature 0), got temperature {temperature!r}; a "
                              f"sampled EAGLE tree runs on the engine: generate(..., method='eagle', temperature=...)")
@@ -484,7 +521,8 @@ class DeviceTreeLoop(DeviceLoop):
             raise ValueError(f"topk must be at most the head's vocabulary ({head.draft_vocab}), got {topk}")
         self.topk, self.nodes, self.pool = topk, nodes, pool
         self.scratch = (depth - 1) * topk  # the frontier entries of depths 1..depth-1, past the positions
-        super().__init__(target, head=head, gamma=depth, capacity=capacity, graphs=graphs, compile=compile)
+        super().__init__(target, head=head, gamma=depth, capacity=capacity, graphs=graphs, compile=compile,
+                         attention=attention)
         self.method = "eagle"
         self.steps["verify_tree"] = self._verify_tree
         if self.compiled:
@@ -499,9 +537,14 @@ class DeviceTreeLoop(DeviceLoop):
 
     def _verify_tree(self, ids, positions, slots, mask):
         """The target's pass over a tree: `ids` [n] at `positions` [n], written at `slots` [n], attending where `mask`
-        [n, capacity] allows: (its argmax at every row [n], the EAGLE features [n, F])."""
+        [n, capacity] allows (with attention="triton": `mask` [n, n] is the rows' block, the prefix before `slots`
+        seen by all): (its argmax at every row [n], the EAGLE features [n, F])."""
         core = self.target
-        x, tapped = core.body(ids[None], positions[None], slots, mask[None], self.capacity, self.taps)
+        if self.attention == "triton":
+            x, tapped = core.body(ids[None], positions[None], slots, None, self.capacity, self.taps,
+                                  block=(slots[:1], mask, self.splits))
+        else:
+            x, tapped = core.body(ids[None], positions[None], slots, mask[None], self.capacity, self.taps)
         return core.logits(x)[0].argmax(-1), torch.cat(tapped, -1)[0]
 
     def _grow(self, L):
@@ -509,7 +552,7 @@ class DeviceTreeLoop(DeviceLoop):
         pool index or -1, depths [pool])."""
         D, K, C, device = self.gamma, self.topk, self.capacity, self.device
         rows_k = torch.arange(K, device=device)
-        score, token = torch.log_softmax(self.logits0[0].float(), -1).topk(K)
+        score, token = top_k_rows(torch.log_softmax(self.logits0[0].float(), -1), K)
         tokens, scores = [token], [score]
         parents, depths = [torch.full((K,), -1, device=device)], [torch.ones(K, dtype=torch.long, device=device)]
         front, front_score, h = rows_k, score, self.h0.expand(K, -1)
@@ -521,7 +564,7 @@ class DeviceTreeLoop(DeviceLoop):
             mask = mask | (self.head_cols[None] == slots[:, None])
             h_next, logits = self.steps["head"](h, self._to_full(token), (L - 2 + d).expand(K), own=True, slots=slots,
                                                 mask=mask)
-            child_score, child = torch.log_softmax(logits.float(), -1).topk(K, -1)  # [K, K]
+            child_score, child = top_k_rows(torch.log_softmax(logits.float(), -1), K)  # [K, K]
             paths = (front_score[:, None] + child_score).flatten()
             base = K + (d - 1) * K * K
             tokens.append(child.flatten())
@@ -529,7 +572,7 @@ class DeviceTreeLoop(DeviceLoop):
             parents.append(front.repeat_interleave(K))
             depths.append(torch.full((K * K,), d + 1, dtype=torch.long, device=device))
             if d + 1 < D:  # the next frontier: the K best children
-                front_score, best = paths.topk(K)
+                front_score, best = top_k_rows(paths, K)
                 row = best // K
                 front, token, h = base + best, child.flatten()[best], h_next[row]
                 ancestors = ancestors[row].scatter_(1, ((d - 1) * K + row)[:, None], True)
@@ -556,9 +599,12 @@ class DeviceTreeLoop(DeviceLoop):
         ids = torch.cat([self.tokens.index_select(0, L - 1), nodes])
         positions = torch.cat([L - 1, L - 1 + depth])
         slots = L - 1 + self.node_offsets
-        mask = (self.cols[None] <= L - 1).expand(N + 1, -1).clone()
-        mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
-                             | anc_sel)
+        if self.attention == "triton":  # the block: the root sees itself; node j the root, its ancestors and itself
+            mask = torch.cat([self.causal[:1, :N + 1], torch.cat([self.causal[1:N + 1, :1], anc_sel], 1)])
+        else:
+            mask = (self.cols[None] <= L - 1).expand(N + 1, -1).clone()
+            mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
+                                 | anc_sel)
         best, features = self.steps["verify_tree"](ids, positions, slots, mask)
         # accept: right = the target's argmax at the parent; ok = right with every ancestor right
         parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
@@ -588,5 +634,6 @@ class DeviceTreeLoop(DeviceLoop):
         """The tree's growth, and the target's pass over nodes + 1 rows (a chain's mask: the cost is the same)."""
         rows = 7 + self.node_offsets
         ids = torch.zeros(self.nodes + 1, dtype=torch.long, device=self.device)
-        mask = self.cols[None] <= rows[:, None]
+        mask = self.causal[:self.nodes + 1, :self.nodes + 1] if self.attention == "triton" else \
+            self.cols[None] <= rows[:, None]
         return {"verify": lambda: self.steps["verify_tree"](ids, rows, rows, mask), "draft": lambda: self._grow(self.L)}

@@ -102,17 +102,22 @@ class PlainLlama:
         x32 = x.float()
         return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
-    def body(self, ids, positions, slots, mask, window: int, taps: tuple = ()):
+    def body(self, ids, positions, slots, mask, window: int, taps: tuple = (), block=None):
         """Feed `ids` [B, T] at rotary `positions` [B, T], writing their keys and values at cache slots
         `slots` [T] (a device tensor) and attending over slots 0..window-1 where `mask` [B, T, window]
         (bool) allows. Returns (the final norm's input x [B, T, H], [the input of each layer in `taps`:
-        an index equal to the number of layers is x itself])."""
+        an index equal to the number of layers is x itself]). `block` = (start, block mask [T, T], splits)
+        instead of `mask`: the rows sit at slots start..start+T-1 and see every slot before them and the rows'
+        keys the block mask allows, computed by the Triton kernel `tree_attention.block_attention`."""
         B, T = ids.shape
         H, KV, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         # G = H // KV query heads share a key/value head: they become G * T query rows of it, so the cache
         # is read once, never copied
-        mask = mask[:, None, None].expand(B, 1, H // KV, T, window).reshape(B, 1, -1, window)
+        if block is None:
+            mask = mask[:, None, None].expand(B, 1, H // KV, T, window).reshape(B, 1, -1, window)
+        else:
+            from .tree_attention import block_attention
         x = self.embed[ids if self.to_draft is None else self.to_draft[ids]]
         tapped = {}
         for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
@@ -124,8 +129,11 @@ class PlainLlama:
             q = qk[:, :H]
             self.keys[i].index_copy_(2, slots, qk[:, H:])
             self.values[i].index_copy_(2, slots, heads[:, H + KV:])
-            att = F.scaled_dot_product_attention(q.reshape(B, KV, -1, D), self.keys[i][:, :, :window],
-                                                 self.values[i][:, :, :window], attn_mask=mask)
+            if block is None:
+                att = F.scaled_dot_product_attention(q.reshape(B, KV, -1, D), self.keys[i][:, :, :window],
+                                                     self.values[i][:, :, :window], attn_mask=mask)
+            else:
+                att = block_attention(q, self.keys[i], self.values[i], *block)
             x = x + F.linear(att.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D), o)
             gate, up = F.linear(self.rms(x, norm2), gate_up).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, down)

@@ -165,20 +165,25 @@ if AVAILABLE:
         return m_new, l_i, acc
 
     @triton.jit
-    def _tree_attention_kernel(Q, K, V, O, Mask, Parents, Part, PartM, PartL,
+    def _tree_attention_kernel(Q, K, V, O, Mask, Parents, Part, PartM, PartL, Start,
                                s_qb, s_qh, s_qt, s_qd, s_kb, s_kh, s_kn, s_kd,
                                s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_ot, s_od, s_mt, s_mn,
                                B, H, H_KV, T, P, D, chunk, qk_scale,
                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, NODES: tl.constexpr,
                                USE_MASK: tl.constexpr, SPLIT: tl.constexpr, LOOP_FOR: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                               PRECISION: tl.constexpr, GATHER: tl.constexpr):
+                               PRECISION: tl.constexpr, GATHER: tl.constexpr, DYNAMIC_P: tl.constexpr):
         # program (node block, batch x KV head, prefix split). Its rows are the GROUP query heads
         # that share this KV head, times NODES tree nodes: K and V are loaded once for all of them.
         pid_m = tl.program_id(0)
         pid_bk = tl.program_id(1)
         pid_s = tl.program_id(2)
         last_split = tl.num_programs(2) - 1
+        mask_col = P  # the mask's first tree column: [T, P + T] holds the prefix's columns too
+        if DYNAMIC_P:  # the prefix length read on the device (a CUDA graph replays with a new one every round);
+            P = tl.load(Start)  # the nodes' keys sit at P .. P+T-1 of a longer buffer, the mask is [T, T]
+            chunk = tl.cdiv(tl.cdiv(tl.maximum(P, 1), tl.num_programs(2)), BLOCK_N) * BLOCK_N
+            mask_col = 0
         b = pid_bk // H_KV
         hk = pid_bk % H_KV
         r = tl.arange(0, GROUP_PAD * NODES)
@@ -217,7 +222,7 @@ if AVAILABLE:
             node = tl.arange(0, BLOCK_T)
             n_ok = node < T
             if USE_MASK:
-                allowed = tl.load(Mask + node_q[:, None] * s_mt + (P + node)[None, :] * s_mn,
+                allowed = tl.load(Mask + node_q[:, None] * s_mt + (mask_col + node)[None, :] * s_mn,
                                   mask=row_ok[:, None] & n_ok[None, :], other=0) != 0
             else:
                 # walk every row's ancestor chain in registers, one level per step for all rows at
@@ -285,8 +290,8 @@ def _programs_wanted(device) -> int:
 
 def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None = None, block_n: int = 64,
             splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-            gather: bool = True):
-    B, H, T, D, P = _check(q, k, v)
+            gather: bool = True, start: torch.Tensor | None = None):
+    B, H, T, D, P = _check(q, k, v)  # with `start`: P is only the most the prefix can hold
     if T > MAX_NODES:
         raise ValueError(f"trees of at most {MAX_NODES} nodes, got {T}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -295,7 +300,7 @@ def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None 
     bf16_in_interpreter = INTERPRET and q.dtype == torch.bfloat16
     if bf16_in_interpreter:  # numpy has no bfloat16: the interpreter computes in fp32, rounds the result
         q, k, v = q.float(), k.float(), v.float()
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     H_kv = k.shape[1]
     group = H // H_kv
     group_pad = triton.next_power_of_2(group)
@@ -312,6 +317,8 @@ def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None 
         mask_arg, parents_arg, s_mt, s_mn = mask, q, mask.stride(0), mask.stride(1)
     else:
         mask_arg, parents_arg, s_mt, s_mn = q, parents, 0, 0
+    if start is not None:  # the split's chunk is computed in the kernel from the prefix it reads
+        chunk = 0
     if splits > 1:
         part = torch.empty(splits * B * H * T * D, device=q.device, dtype=torch.float32)
         part_m = torch.empty(splits * B * H * T, device=q.device, dtype=torch.float32)
@@ -324,12 +331,13 @@ def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None 
     if num_stages is not None:
         extra["num_stages"] = num_stages
     _tree_attention_kernel[(triton.cdiv(T, nodes), B * H_kv, splits)](
-        q, k, v, out, mask_arg, parents_arg, part, part_m, part_l,
+        q, k, v, out, mask_arg, parents_arg, part, part_m, part_l, q if start is None else start,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), s_mt, s_mn,
         B, H, H_kv, T, P, D, chunk, scale * 1.4426950408889634,
         GROUP=group, GROUP_PAD=group_pad, NODES=nodes, USE_MASK=use_mask, SPLIT=splits > 1,
         LOOP_FOR=not INTERPRET, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_T=block_t,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", GATHER=gather, **extra)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", GATHER=gather, DYNAMIC_P=start is not None,
+        **extra)
     if splits > 1:
         _combine_kernel[(B * H * T,)](part, part_m, part_l, out, *out.stride(), B * H * T, H, T, D, splits,
                                       SPLIT_PAD=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d)
@@ -359,6 +367,48 @@ def tree_attention(q, k, v, parents, scale=None) -> torch.Tensor:
         if bool(((parents < -1) | (parents >= idx)).any()):
             raise ValueError("parents[i] must be -1 (a child of the root) or an earlier node's index (< i)")
     return _launch(q, k, v, None, parents.to(q.device, torch.int32, non_blocking=True).contiguous(), scale, False)
+
+
+def block_splits(capacity: int, rows: int, kv_heads: int, device, batch: int = 1, block_n: int = 64) -> int:
+    """How many slices `block_attention` cuts the prefix into for a buffer of `capacity` slots: fixed when a graph
+    is recorded, whatever prefix a later round has (a slice past the prefix only writes an empty partial)."""
+    group_nodes = max(1, triton.cdiv(rows, 64)) if AVAILABLE else 1
+    return max(1, min(-(-capacity // (2 * block_n)), _programs_wanted(torch.device(device)) // (group_nodes * batch
+                                                                                                 * kv_heads)))
+
+
+def _block_attention(q, k, v, start, block_mask, splits: int) -> torch.Tensor:
+    B, H, T, D, _ = _check(q, k, v)
+    if block_mask.shape != (T, T) or block_mask.dtype != torch.bool:
+        raise ValueError(f"block_mask must be bool [T, T] = [{T}, {T}], got {block_mask.dtype} "
+                         f"{tuple(block_mask.shape)}")
+    if start.numel() != 1 or start.dtype.is_floating_point or start.device != q.device:
+        raise ValueError(f"start must be one integer on q's device, got {start.dtype} {tuple(start.shape)} on "
+                         f"{start.device}")
+    return _launch(q, k, v, block_mask, None, None, True, splits=splits, start=start.reshape(1))
+
+
+if AVAILABLE:
+    # an operator of its own, so that torch.compile (fullgraph) and a CUDA graph treat the launch as one opaque call
+    block_attention_op = torch.library.custom_op(
+        "specdec::block_attention", _block_attention, mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor start, Tensor block_mask, int splits) -> Tensor")
+
+    @block_attention_op.register_fake
+    def _(q, k, v, start, block_mask, splits):
+        return q.new_empty(q.shape)
+
+
+def block_attention(q, k, v, start, block_mask, splits: int = 1) -> torch.Tensor:
+    """The attention of a pass whose T rows sit at slots start .. start+T-1 of a KV buffer, read in place: every row
+    sees the whole prefix (slots 0 .. start-1, no mask) and, of the T rows' own keys, those `block_mask` [T, T]
+    allows (a chain: causal; a tree: the root, its ancestors and itself). `start` is a device tensor (the prefix
+    length is read by the kernel, so one recorded graph serves every round); q [B, H, T, D], k and v the whole
+    buffers [B, H_kv, capacity, D]; `splits` slices of the prefix (`block_splits`). The device loop's attention
+    with `attention="triton"` (notebook 09)."""
+    if not AVAILABLE:
+        raise RuntimeError(WHY)
+    return block_attention_op(q, k, v, start, block_mask, splits)
 
 
 # --------------------------------------------------------------------------- a transformers backend

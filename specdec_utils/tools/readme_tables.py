@@ -405,6 +405,32 @@ def device_loop_table() -> str:
     return "\n".join(rows)
 
 
+def device_attention_table() -> str:
+    """The device loops with the target's attention on SDPA and on notebook 08's Triton kernel, side by side in one run
+    (tools/tree_graph_bench --part device-board --attention both): tokens per second, tau, the GPU time of a round
+    and tau per GPU ms, and speedups over `ar` on each attention (bootstrap over prompts)."""
+    run = _load("tree_graph_device_attention_h200.json")
+    records = run["records"]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    rows = [f"{run['device']}, bfloat16, greedy, every round compiled whole, torch {run['torch']}, transformers "
+            f"{run['transformers']}, {run['date']}; {run['prompts']} held-out prompts ({run['prompts'] // 5} per "
+            f"category) x {run['max_new_tokens']} tokens, {run['repeats_completed']} repeat, buffers of "
+            f"{run['capacity']} slots; note: {run['note']}", "",
+            "| loop | gamma or tree | tok/s | tau | GPU ms per round | tau per GPU ms | over `ar (device)` (SDPA) "
+            "| over `ar (device, triton)` |", "|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        mine = [r for r in records if r["method"] == m]
+        tau = report.tokens_per_target_call(mine)
+        gpu = run["anatomy"].get(m, {}).get("round_ms")
+        cells = []
+        for base in ("ar (device)", "ar (device, triton)"):
+            cells.append("1.00x" if m == base else f"{report.speedup(records, m, base):.2fx}")
+        shape = run["tree"] if m.startswith("eagle (") else run["gammas"].get(m, 0)
+        rows.append(f"| `{m}` | {shape} | {report.tokens_per_second(mine):.0f} | {tau:.2f} | "
+                    + (f"{gpu:.2f} | {tau / gpu:.2f}" if gpu else "- | -") + f" | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
 CPU_DEVICE_BOARDS = (("tree_graph_device_cpu_avx512.json", "greedy, op by op"),
                      ("tree_graph_device_cpu_avx512_round.json", "greedy, each round compiled whole"),
                      ("tree_graph_device_cpu_avx512_round_intel.json", "greedy, each round compiled whole"),
@@ -446,6 +472,7 @@ BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "b
           "policies": policies_table, "hierarchy": hierarchy_table, "trees": trees_table, "trees-gpu": trees_gpu_table,
           "engine-gpu": engine_gpu_table, "step-gpu": step_gpu_table, "trees-graphed": trees_graphed_table,
           "device-loop": device_loop_table, "device-loop-cpu": device_loop_cpu_table,
+          "device-attention": device_attention_table,
           "tree-attention": tree_attention_table,
           "leaderboard": leaderboard_table, "runtimes": runtimes_table}
 

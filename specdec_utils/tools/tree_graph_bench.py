@@ -148,19 +148,35 @@ def _chain(temperature: float) -> str:
     return "sampling" if temperature else "greedy"
 
 
-def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict, temperature: float = 0.0) -> dict:
+def _attentions(args) -> tuple:
+    """`--attention`: the target pass's attention in every device loop: 'sdpa', 'triton' or both (each loop twice)."""
+    return ("sdpa", "triton") if args.attention == "both" else (args.attention,)
+
+
+def _label(name: str, attention: str) -> str:
+    """'eagle (device)', or 'eagle (device, triton)' for a loop whose target pass runs notebook 08's kernel."""
+    return f"{name} (device)" if attention == "sdpa" else f"{name} (device, {attention})"
+
+
+def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict, temperature: float = 0.0,
+                  attentions: tuple = ("sdpa",)) -> dict:
     """The device loops: `ar`, the draft's chain and the head's chain (at `temperature`), and EAGLE's tree (greedy
-    only: left out when sampling)."""
-    warp = {"capacity": capacity, "compile": compiled, "temperature": temperature}
-    loops = {"ar (device)": DeviceLoop(target, gamma=0, **warp)}
-    if "greedy" in gammas:
-        loops[f"{_chain(temperature)} (device)"] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"], **warp)
-    if "eagle-chain" in gammas:
-        loops["eagle-chain (device)"] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"], **warp)
-    if gammas.get("eagle") and not temperature:
-        depth, topk, nodes = gammas["eagle"]
-        loops["eagle (device)"] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
-                                                 capacity=capacity, compile=compiled)
+    only: left out when sampling), once per attention in `attentions`."""
+    loops = {}
+    for attention in attentions:
+        warp = {"capacity": capacity, "compile": compiled, "temperature": temperature, "attention": attention}
+        loops[_label("ar", attention)] = DeviceLoop(target, gamma=0, **warp)
+        if gammas.get("greedy"):  # (--gamma-greedy 0: no draft model's chain)
+            loops[_label(_chain(temperature), attention)] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"],
+                                                                       **warp)
+        if "eagle-chain" in gammas:
+            loops[_label("eagle-chain", attention)] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
+                                                                 **warp)
+        if gammas.get("eagle") and not temperature:
+            depth, topk, nodes = gammas["eagle"]
+            loops[_label("eagle", attention)] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
+                                                               capacity=capacity, compile=compiled,
+                                                               attention=attention)
     return loops
 
 
@@ -208,7 +224,7 @@ def _device_setup(args, tokenizer, rows, dtype):
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": tree}, args.temperature)
+                           "eagle": tree}, args.temperature, _attentions(args))
     for loop in loops.values():
         loop.prepare()
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
@@ -242,7 +258,7 @@ def _summary(records, baseline: str) -> list[dict]:
 def device_identity(args, tokenizer, rows) -> dict:
     """float32: every device loop against transformers' eager `ar`, prompt by prompt."""
     target, _, _, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.float32)
-    out = {"prompts": len(rows), "capacity": loops["ar (device)"].capacity, "ids": [row["id"] for row in rows],
+    out = {"prompts": len(rows), "capacity": next(iter(loops.values())).capacity, "ids": [row["id"] for row in rows],
            "categories": sorted({row["category"] for row in rows}), "tree": args.tree, "prepare_s": prepare_s,
            "gammas": {k: v.gamma for k, v in loops.items()}, "methods": {k: 0 for k in loops}, "tau": {}}
     taus = {k: [] for k in loops}
@@ -275,14 +291,16 @@ def device_tune(args, tokenizer, _rows) -> dict:
     span = max(gammas + [nodes for _, _, nodes in shapes], default=0) + 1  # the widest round: no loop grows while timed
     capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
-                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {}, args.temperature)
+                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {}, args.temperature,
+                          _attentions(args))
     eos = tokenizer.eos_token_id
-    out = {"split": "train", "prompts": len(rows), "capacity": loops["ar (device)"].capacity,
+    out = {"split": "train", "prompts": len(rows), "capacity": next(iter(loops.values())).capacity,
            "temperature": args.temperature,
            "categories": sorted({row["category"] for row in rows}),
            "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {}}
-    ar = loops.pop("ar (device)")
-    base = report.tokens_per_second(_run_loop(ar, "ar (device)", encoded, rows, args.max_new_tokens, eos,
+    ar_label = _label("ar", args.attention)
+    ar = loops.pop(ar_label)
+    base = report.tokens_per_second(_run_loop(ar, ar_label, encoded, rows, args.max_new_tokens, eos,
                                               args.device))
     out["ar"] = {"tok_per_s": base, **(ar.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
     for label, loop in loops.items():
@@ -307,19 +325,21 @@ def device_tune(args, tokenizer, _rows) -> dict:
         shape = f"{depth}x{topk}x{nodes}"
         t0 = time.perf_counter()
         loop = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity,
-                              compile=_compile(args))
+                              compile=_compile(args), attention=args.attention)
         loop.prepare()
         prepare_s = time.perf_counter() - t0
-        records = _run_loop(loop, "eagle (device)", encoded, rows, args.max_new_tokens, eos, args.device)
+        records = _run_loop(loop, _label("eagle", args.attention), encoded, rows, args.max_new_tokens, eos,
+                            args.device)
         rate = report.tokens_per_second(records)
-        result = {"method": "eagle (device)", "tree": shape, "gamma": depth, "tok_per_s": rate, "over_ar": rate / base,
+        result = {"method": _label("eagle", args.attention), "tree": shape, "gamma": depth, "tok_per_s": rate,
+                  "over_ar": rate / base,
                   "tau": report.tokens_per_target_call(records), "prepare_s": prepare_s,
                   **(loop.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
         out["results"].append(result)
         print(json.dumps(result), flush=True)
-    trees = [r for r in out["results"] if r["method"] == "eagle (device)"]
+    trees = [r for r in out["results"] if r["method"] == _label("eagle", args.attention)]
     if trees:
-        out["best"]["eagle (device)"] = max(trees, key=lambda r: r["tok_per_s"])["tree"]
+        out["best"][_label("eagle", args.attention)] = max(trees, key=lambda r: r["tok_per_s"])["tree"]
     return out
 
 
@@ -340,7 +360,8 @@ def device_board(args, tokenizer, rows) -> dict:
         baselines = [("ar (engine)", target, None, "ar", 1),
                      (f"{chain} (engine)", target, draft, chain, args.gamma_greedy),
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
-    out = {"prepare_s": time.perf_counter() - t0, "capacity": loops["ar (device)"].capacity,
+    out = {"prepare_s": time.perf_counter() - t0, "capacity": next(iter(loops.values())).capacity,
+           "attention": args.attention,
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": "" if args.temperature else args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
@@ -360,7 +381,7 @@ def device_board(args, tokenizer, rows) -> dict:
                                | {"method": label, "gamma": 0 if method == "ar" else gamma})
         for r in records:
             r["repeat"] = repeat
-        out["repeats"].append({"over device ar": _summary(records, "ar (device)"),
+        out["repeats"].append({"over device ar": _summary(records, _label("ar", _attentions(args)[0])),
                                "over engine ar": _summary(records, "ar (engine)")})
         for row in out["repeats"][-1]["over device ar"]:
             print(f"repeat {repeat} {row['method']:>30}: {row['tok_per_s']:7.1f} tok/s, {row['speedup']:.2f}x, "
@@ -377,8 +398,9 @@ def board_fields(out: dict, prompts: int, args) -> dict:
     """What the notebook and the README read beside the records: each record's `same_as_device_ar` (its tokens equal
     `ar (device)`'s for that prompt: bf16 rounds a 1-row and a several-row pass differently), the prompt count and
     the repeats completed; `--slim` then drops the tokens (a smaller file to commit)."""
+    baseline = _label("ar", _attentions(args)[0])
     reference = {(r.get("repeat"), r["id"]): r["new_token_ids"] for r in out["records"]
-                 if r["method"] == "ar (device)" and "new_token_ids" in r}  # (an earlier repeat's: slimmed already)
+                 if r["method"] == baseline and "new_token_ids" in r}  # (an earlier repeat's: slimmed already)
     for r in out["records"]:
         if "new_token_ids" in r:
             if not out.get("temperature"):  # (sampled, every loop draws other numbers: no reason to be the same)
@@ -460,6 +482,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trees", default="", help="device-tune: the tree shapes tried, comma-separated")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--attention", choices=["sdpa", "triton", "both"], default="sdpa",
+                    help="device parts: the target pass's attention, PyTorch's SDPA with a mask or notebook 08's "
+                         "Triton kernel ('both': every loop twice, side by side; not for device-tune)")
     ap.add_argument("--capacity", type=int, default=0,
                     help="device parts: the loops' buffer length (0: what the prompts need, rounded up to 128)")
     ap.add_argument("--whole-round", action="store_true",
@@ -483,11 +508,19 @@ def main(argv=None) -> int:
             with open(path) as f:
                 best.update(json.load(f)["best"])
         args.gamma_greedy = best.get(f"{_chain(args.temperature)} (device)", args.gamma_greedy)
-        args.gamma_eagle = best.get("eagle-chain (device)", args.gamma_eagle)
-        args.tree = best.get("eagle (device)", args.tree)
+        for attention in ("sdpa", "triton"):  # a tune of either attention (the last file's choice wins)
+            args.gamma_greedy = best.get(_label(_chain(args.temperature), attention), args.gamma_greedy)
+            args.gamma_eagle = best.get(_label("eagle-chain", attention), args.gamma_eagle)
+            args.tree = best.get(_label("eagle", attention), args.tree)
     if args.temperature < 0 or (args.temperature and args.part not in ("device-tune", "device-board")):
         ap.exit(2, f"tree_graph_bench: --temperature takes a number >= 0, for the parts device-tune and device-board "
                    f"(the others are greedy); got {args.temperature} with --part {args.part}\n")
+    if args.attention != "sdpa":
+        from ..core import tree_attention
+        if not tree_attention.AVAILABLE:
+            ap.exit(2, f"tree_graph_bench: --attention {args.attention} needs Triton: {tree_attention.WHY}\n")
+    if args.attention == "both" and args.part == "device-tune":
+        ap.exit(2, "tree_graph_bench: device-tune tunes one attention at a time: --attention sdpa or triton\n")
     if args.device == "cpu":  # compiled only when asked for the whole round (Inductor's CPU code, no graph)
         args.compile = args.compile and args.whole_round
     elif not torch.cuda.is_available():
