@@ -200,14 +200,17 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     assert [(r["method"], r["gamma"]) for r in tune["results"]] == [
         ("greedy (device)", 2), ("greedy (device)", 3), ("eagle-chain (device)", 2), ("eagle-chain (device)", 3),
         ("eagle (device)", 3), ("eagle (device)", 4)]
-    run("--part", "device-board", "--repeats", "1", "--tuned", str(tmp_path / "tune.json"),
+    run("--part", "device-board", "--repeats", "1", "--tuned", str(tmp_path / "tune.json"), "--float32-ar",
         "--out", str(tmp_path / "board.json"))
     board = json.loads((tmp_path / "board.json").read_text())
     assert board["gammas"]["greedy (device)"] == tune["best"]["greedy (device)"]
     assert board["tree"] == tune["best"]["eagle (device)"]
     assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
                                                         "eagle (device)", "ar (engine)", "greedy (engine)",
-                                                        "eagle-chain (engine)"}
+                                                        "eagle-chain (engine)", "ar (device, float32)",
+                                                        "ar (engine, float32)"}
+    float32 = {r["method"]: r for r in board["records"] if "float32" in r["method"]}
+    assert float32["ar (device, float32)"]["new_token_ids"] == float32["ar (engine, float32)"]["new_token_ids"]
     engine = {r["method"]: r for r in board["records"] if "(engine)" in r["method"]}
     assert engine["greedy (engine)"]["gamma"] == board["gammas"]["greedy (device)"]
     assert all(len(r["new_token_ids"]) == 8 for r in board["records"])

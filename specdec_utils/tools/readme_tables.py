@@ -412,10 +412,10 @@ def device_attention_table() -> str:
     run = _load("tree_graph_device_attention_h200.json")
     records = run["records"]
     methods = list(dict.fromkeys(r["method"] for r in records))
-    rows = [f"{run['device']}, bfloat16, greedy, every round compiled whole, torch {run['torch']}, transformers "
+    rows = [f"{run['device']}, bfloat16, greedy, every device loop compiled whole, torch {run['torch']}, transformers "
             f"{run['transformers']}, {run['date']}; {run['prompts']} held-out prompts ({run['prompts'] // 5} per "
             f"category) x {run['max_new_tokens']} tokens, {run['repeats_completed']} repeat, buffers of "
-            f"{run['capacity']} slots; note: {run['note']}", "",
+            f"{run['capacity']} slots; speedups with the 95% bootstrap interval over prompts; note: {run['note']}", "",
             "| loop | gamma or tree | tok/s | tau | GPU ms per round | tau per GPU ms | over `ar (device)` (SDPA) "
             "| over `ar (device, triton)` |", "|---|---|---|---|---|---|---|---|"]
     for m in methods:
@@ -425,7 +425,7 @@ def device_attention_table() -> str:
         cells = []
         for base in ("ar (device)", "ar (device, triton)"):
             cells.append("1.00x" if m == base else f"{report.speedup(records, m, base):.2fx}")
-        shape = run["tree"] if m.startswith("eagle (") else run["gammas"].get(m, 0)
+        shape = run["tree"] if m.startswith("eagle (") else run["gammas"].get(m, "-")
         rows.append(f"| `{m}` | {shape} | {report.tokens_per_second(mine):.0f} | {tau:.2f} | "
                     + (f"{gpu:.2f} | {tau / gpu:.2f}" if gpu else "- | -") + f" | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)

@@ -350,6 +350,11 @@ def device_board(args, tokenizer, rows) -> dict:
     target, draft, eagle, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.bfloat16)
     record = args.device == "cuda"
     t0 = time.perf_counter() - prepare_s
+    target32 = None
+    if args.float32_ar:  # the target alone in float32 too: on a CPU whose bf16 step is slow, the `ar` to beat
+        target32, _ = load_model(args.target, device=args.device, dtype=torch.float32)
+        loops["ar (device, float32)"] = DeviceLoop(target32, gamma=0, capacity=capacity, compile=_compile(args))
+        loops["ar (device, float32)"].prepare()
     if record:  # the GPU's baselines: the same compiled step driven from the host, and the engine's graphed step
         plain = PlainRunner(target, graphs=True, compile=args.compile, capacity=capacity, budgets=(1,), record=record)
         plain.prepare()
@@ -360,8 +365,11 @@ def device_board(args, tokenizer, rows) -> dict:
         baselines = [("ar (engine)", target, None, "ar", 1),
                      (f"{chain} (engine)", target, draft, chain, args.gamma_greedy),
                      ("eagle-chain (engine)", target, None, "eagle-chain", args.gamma_eagle)]
+    if target32 is not None:
+        baselines.append(("ar (engine, float32)", ModelRunner(target32, graphs=True, capacity=capacity, record=record)
+                          if record else target32, None, "ar", 1))
     out = {"prepare_s": time.perf_counter() - t0, "capacity": next(iter(loops.values())).capacity,
-           "attention": args.attention,
+           "attention": args.attention, "float32_ar": bool(args.float32_ar),
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": "" if args.temperature else args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
@@ -482,6 +490,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trees", default="", help="device-tune: the tree shapes tried, comma-separated")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--float32-ar", action="store_true",
+                    help="device-board: also the target alone in float32, on the device loop and on the engine "
+                         "(the other loops stay bfloat16)")
     ap.add_argument("--attention", choices=["sdpa", "triton", "both"], default="sdpa",
                     help="device parts: the target pass's attention, PyTorch's SDPA with a mask or notebook 08's "
                          "Triton kernel ('both': every loop twice, side by side; not for device-tune)")
