@@ -178,6 +178,19 @@ def test_the_loop_runs_outside_no_grad_with_a_trainable_head():
     assert not loop.h0.requires_grad  # the head's kept output carries no autograd history
 
 
+def test_the_board_interleaves_the_loops_prompt_by_prompt():
+    """Each prompt visits every loop once, and over as many prompts as there are loops each loop takes each place
+    once: a drift of the machine cannot land on one loop's whole run."""
+    from specdec_utils.tools.tree_graph_bench import interleaved_order
+    labels = ["ar", "chain", "tree", "engine"]
+    orders = [interleaved_order(labels, i) for i in range(8)]
+    assert all(sorted(o) == sorted(labels) for o in orders)
+    for place in range(4):
+        assert sorted(o[place] for o in orders[:4]) == sorted(labels)
+    assert orders[0] == labels and orders[1] == ["chain", "tree", "engine", "ar"] and orders[4] == labels
+    assert interleaved_order([], 3) == []
+
+
 @pytest.mark.slow  # the real target, the shipped draft (a reduced vocabulary) and the shipped EAGLE head
 def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     """`tree_graph_bench --device cpu` runs the device parts' code unrecorded: the float32 identity on the real

@@ -230,24 +230,36 @@ def _device_setup(args, tokenizer, rows, dtype):
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
 
 
+def _run_one(loop, label: str, i: int, row: dict, ids, max_new_tokens: int, eos, device: str) -> dict:
+    """One prompt through one device loop, in the fields `report.summarize` reads (target_calls: the rounds; the
+    prefill, which produces no token here, is not counted). A sampled loop draws prompt i's uniforms from a
+    generator seeded i."""
+    generator = torch.Generator().manual_seed(i) if loop.sampled else None
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = loop.generate(ids, max_new_tokens, eos_token_id=eos, generator=generator)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return {"id": row["id"], "category": row.get("category"), "method": label, "gamma": loop.gamma,
+            "new_token_ids": out.new_token_ids, "wall_s": time.perf_counter() - t0,
+            "new_tokens": len(out.new_token_ids), "target_calls": out.rounds,
+            "drafted": out.rounds * loop.gamma, "accepted": sum(out.accepted)}
+
+
 def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
-    """One record per prompt, in the fields `report.summarize` reads (target_calls: the rounds; the prefill, which
-    produces no token here, is not counted). A sampled loop draws prompt i's uniforms from a generator seeded i."""
+    """One record per prompt (`_run_one`), the prompts one after another."""
     loop.prepare()
-    records = []
-    for i, (row, ids) in enumerate(zip(rows, encoded)):
-        generator = torch.Generator().manual_seed(i) if loop.sampled else None
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = loop.generate(ids, max_new_tokens, eos_token_id=eos, generator=generator)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        records.append({"id": row["id"], "category": row.get("category"), "method": label, "gamma": loop.gamma,
-                        "new_token_ids": out.new_token_ids, "wall_s": time.perf_counter() - t0,
-                        "new_tokens": len(out.new_token_ids), "target_calls": out.rounds,
-                        "drafted": out.rounds * loop.gamma, "accepted": sum(out.accepted)})
-    return records
+    return [_run_one(loop, label, i, row, ids, max_new_tokens, eos, device)
+            for i, (row, ids) in enumerate(zip(rows, encoded))]
+
+
+def interleaved_order(labels: list, prompt: int) -> list:
+    """The order in which prompt `prompt` visits the loops: all of them, rotated by one place per prompt. Each loop
+    runs every prompt right beside the others, so a drift of the machine (clocks, another tenant) lands on every
+    loop alike instead of on whichever loops ran during it; the rotation spreads the first and last places evenly."""
+    shift = prompt % len(labels) if labels else 0
+    return labels[shift:] + labels[:shift]
 
 
 def _summary(records, baseline: str) -> list[dict]:
@@ -370,6 +382,7 @@ def device_board(args, tokenizer, rows) -> dict:
                           if record else target32, None, "ar", 1))
     out = {"prepare_s": time.perf_counter() - t0, "capacity": next(iter(loops.values())).capacity,
            "attention": args.attention, "float32_ar": bool(args.float32_ar),
+           "order": "interleaved: prompt by prompt, each prompt through every loop, the order rotated per prompt",
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": "" if args.temperature else args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
@@ -378,15 +391,24 @@ def device_board(args, tokenizer, rows) -> dict:
                   dtype_name="bfloat16",
                   device=args.device, eagle=eagle)
     eos = tokenizer.eos_token_id
+    entries = {label: ("loop", loop) for label, loop in loops.items()}
+    entries.update({b[0]: ("baseline", b) for b in baselines})
+    warmed = set()
     for repeat in range(args.repeats):
         records = []
-        for label, loop in loops.items():
-            records += _run_loop(loop, label, encoded, rows, args.max_new_tokens, eos, args.device)
-        for label, runner, engine_draft, method, gamma in baselines:
-            for r in run_benchmark(runner, engine_draft, tokenizer, rows, [method], gamma=gamma, **common):
-                records.append({k: r[k] for k in ("id", "category", "new_token_ids", "wall_s", "new_tokens",
-                                                  "target_calls", "drafted", "accepted")}
-                               | {"method": label, "gamma": 0 if method == "ar" else gamma})
+        for i, (row, ids) in enumerate(zip(rows, encoded)):  # prompt by prompt, every loop beside the others
+            for label in interleaved_order(list(entries), i):
+                kind, entry = entries[label]
+                if kind == "loop":
+                    records.append(_run_one(entry, label, i, row, ids, args.max_new_tokens, eos, args.device))
+                    continue
+                _, runner, engine_draft, method, gamma = entry
+                for r in run_benchmark(runner, engine_draft, tokenizer, [row], [method], gamma=gamma,
+                                       warmup=None if label not in warmed else False, **common):
+                    records.append({k: r[k] for k in ("id", "category", "new_token_ids", "wall_s", "new_tokens",
+                                                      "target_calls", "drafted", "accepted")}
+                                   | {"method": label, "gamma": 0 if method == "ar" else gamma})
+                warmed.add(label)
         for r in records:
             r["repeat"] = repeat
         out["repeats"].append({"over device ar": _summary(records, _label("ar", _attentions(args)[0])),
