@@ -222,17 +222,22 @@ class DeviceLoop:
         position (every cache here is indexed by position)."""
         return self.cols[None] <= rows[:, None]
 
+    def _target_pass(self, ids, positions, slots, mask):
+        """The target's body over `ids` [n] at `positions` [n], written at `slots` [n]: with SDPA `mask` [n, capacity]
+        says which slots each row sees; with attention="triton" it is the rows' own [n, n] block, every row seeing the
+        whole prefix before `slots[0]` (the rows sit at consecutive slots). Returns (hidden states, tapped features)."""
+        if self.attention == "triton":
+            return self.target.body(ids[None], positions[None], slots, None, self.capacity, self.taps,
+                                    block=(slots[:1], mask, self.splits))
+        return self.target.body(ids[None], positions[None], slots, mask[None], self.capacity, self.taps)
+
     def _verify(self, ids, rows):
         """The target's pass over `ids` [n] at positions `rows` [n]: (its argmax at every row [n], the EAGLE
         features [n, F] or None)."""
-        core = self.target
-        if self.attention == "triton":  # the rows are consecutive slots: a causal block after the prefix
-            n = rows.shape[0]
-            x, tapped = core.body(ids[None], rows[None], rows, None, self.capacity, self.taps,
-                                  block=(rows[:1], self.causal[:n, :n], self.splits))
-        else:
-            x, tapped = core.body(ids[None], rows[None], rows, self._visible(rows)[None], self.capacity, self.taps)
-        return self._choice(core.logits(x)[0]), (torch.cat(tapped, -1)[0] if tapped else None)
+        n = rows.shape[0]  # a chain: causal, on the kernel as a block after the prefix
+        x, tapped = self._target_pass(ids, rows, rows,
+                                      self.causal[:n, :n] if self.attention == "triton" else self._visible(rows))
+        return self._choice(self.target.logits(x)[0]), (torch.cat(tapped, -1)[0] if tapped else None)
 
     def _draft_step(self, ids, rows):
         """The draft model fed `ids` [n] at positions `rows` [n]: its choice after the last one (`_choice`)."""
@@ -537,15 +542,10 @@ class DeviceTreeLoop(DeviceLoop):
 
     def _verify_tree(self, ids, positions, slots, mask):
         """The target's pass over a tree: `ids` [n] at `positions` [n], written at `slots` [n], attending where `mask`
-        [n, capacity] allows (with attention="triton": `mask` [n, n] is the rows' block, the prefix before `slots`
-        seen by all): (its argmax at every row [n], the EAGLE features [n, F])."""
-        core = self.target
-        if self.attention == "triton":
-            x, tapped = core.body(ids[None], positions[None], slots, None, self.capacity, self.taps,
-                                  block=(slots[:1], mask, self.splits))
-        else:
-            x, tapped = core.body(ids[None], positions[None], slots, mask[None], self.capacity, self.taps)
-        return core.logits(x)[0].argmax(-1), torch.cat(tapped, -1)[0]
+        allows (`_target_pass`: [n, capacity], or with attention="triton" the rows' [n, n] block): (its argmax at
+        every row [n], the EAGLE features [n, F])."""
+        x, tapped = self._target_pass(ids, positions, slots, mask)
+        return self.target.logits(x)[0].argmax(-1), torch.cat(tapped, -1)[0]
 
     def _grow(self, L):
         """The candidate pool: (draft-vocabulary tokens [pool], path log-probabilities [pool], parents [pool]: a

@@ -407,27 +407,40 @@ def device_loop_table() -> str:
 
 def device_attention_table() -> str:
     """The device loops with the target's attention on SDPA and on notebook 08's Triton kernel, side by side in one run
-    (tools/tree_graph_bench --part device-board --attention both): tokens per second, tau, the GPU time of a round
-    and tau per GPU ms, and speedups over `ar` on each attention (bootstrap over prompts)."""
-    run = _load("tree_graph_device_attention_h200.json")
+    (tools/tree_graph_bench --part device-board --attention both), the loops interleaved prompt by prompt: tokens per
+    second (median of the repeats), tau, the GPU time of a round and tau per GPU ms, and speedups over `ar` on each
+    attention (the repeats' median with min-max; the bootstrap interval over prompts, repeats pooled)."""
+    run = _load("tree_graph_device_attention_h100.json")
     records = run["records"]
     methods = list(dict.fromkeys(r["method"] for r in records))
+    repeats = sorted({r["repeat"] for r in records})
+
+    def rate(m, k):
+        return report.tokens_per_second([r for r in records if r["method"] == m and r["repeat"] == k])
+
     rows = [f"{run['device']}, bfloat16, greedy, every device loop compiled whole, torch {run['torch']}, transformers "
-            f"{run['transformers']}, {run['date']}; {run['prompts']} held-out prompts ({run['prompts'] // 5} per "
-            f"category) x {run['max_new_tokens']} tokens, {run['repeats_completed']} repeat, buffers of "
-            f"{run['capacity']} slots; speedups with the 95% bootstrap interval over prompts; note: {run['note']}", "",
+            f"{run['transformers']}, {run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} "
+            f"tokens, {len(repeats)} repeats, loops interleaved prompt by prompt, buffers of {run['capacity']} slots; "
+            f"speedups: the repeats' median (min-max); the 95% bootstrap interval over prompts; note: {run['note']}",
+            "",
             "| loop | gamma or tree | tok/s | tau | GPU ms per round | tau per GPU ms | over `ar (device)` (SDPA) "
-            "| over `ar (device, triton)` |", "|---|---|---|---|---|---|---|---|"]
+            "| over `ar (device, triton)` | over `ar (engine)` |", "|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         mine = [r for r in records if r["method"] == m]
         tau = report.tokens_per_target_call(mine)
         gpu = run["anatomy"].get(m, {}).get("round_ms")
         cells = []
-        for base in ("ar (device)", "ar (device, triton)"):
-            cells.append("1.00x" if m == base else f"{report.speedup(records, m, base):.2fx}")
+        for base in ("ar (device)", "ar (device, triton)", "ar (engine)"):
+            if m == base:
+                cells.append("1.00x")
+                continue
+            runs_ = report.from_repeats([rate(m, k) / rate(base, k) for k in repeats])
+            over = report.speedup(records, m, base)
+            cells.append(f"{runs_:.2fx}; {over.low:.2f}-{over.high:.2f}")
         shape = run["tree"] if m.startswith("eagle (") else run["gammas"].get(m, "-")
-        rows.append(f"| `{m}` | {shape} | {report.tokens_per_second(mine):.0f} | {tau:.2f} | "
-                    + (f"{gpu:.2f} | {tau / gpu:.2f}" if gpu else "- | -") + f" | {cells[0]} | {cells[1]} |")
+        rate_ = report.from_repeats([rate(m, k) for k in repeats])
+        rows.append(f"| `{m}` | {shape} | {rate_.value:.0f} | {tau:.2f} | "
+                    + (f"{gpu:.2f} | {tau / gpu:.2f}" if gpu else "- | -") + " | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
