@@ -360,6 +360,33 @@ def verdict(ratio: Estimate, higher: str = "faster", lower: str = "slower", *, a
     return TIE
 
 
+def rates_by_repeat(records: list[dict]) -> dict[tuple[str, int], float]:
+    """Tokens per second of each (method, repeat) of a board that was run more than once (a record without a
+    `repeat` counts as repeat 0)."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r.get("repeat", 0)), []).append(r)
+    return {key: tokens_per_second(rs) for key, rs in groups.items()}
+
+
+def over_repeats(records: list[dict], method: str, baseline: str,
+                 rates: dict[tuple[str, int], float] | None = None) -> tuple[Estimate, Estimate]:
+    """`method` over `baseline`, measured two ways on a repeated board: (the median of the repeats' ratios of tokens
+    per second with their min-max, the paired bootstrap over prompts with the repeats pooled). `rates`: the board's
+    `rates_by_repeat`, when the caller already has it."""
+    rates = rates_by_repeat(records) if rates is None else rates
+    repeats = sorted({k for m, k in rates if m == method} & {k for m, k in rates if m == baseline})
+    return (from_repeats([rates[(method, k)] / rates[(baseline, k)] for k in repeats]),
+            speedup(records, method, baseline))
+
+
+def verdict_both(pair: tuple[Estimate, Estimate], higher: str = "faster", lower: str = "slower") -> str:
+    """The word for a ratio measured both ways (`over_repeats`): `higher` / `lower` only when the repeats' min-max and
+    the bootstrap interval over prompts both clear 1, otherwise a tie."""
+    runs, prompts = pair
+    return verdict(Estimate(runs.value, min(runs.low, prompts.low), max(runs.high, prompts.high)), higher, lower)
+
+
 def compare(a: Estimate, b: Estimate, higher: str = "higher", lower: str = "lower") -> str:
     """`a` against `b`: `higher`/`lower` only when their intervals do not overlap, else a tie."""
     if a.low > b.high:

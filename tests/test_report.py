@@ -140,6 +140,22 @@ def test_from_repeats_is_median_and_range():
     assert (e.value, e.low, e.high) == (2.0, 1.0, 3.0)
 
 
+def test_over_repeats_gives_the_repeats_median_ratio_and_the_pooled_bootstrap():
+    runs = [dict(r, repeat=k) for k, speed in enumerate(({"ar": 20.0, "greedy": 30.0}, {"ar": 10.0, "greedy": 20.0},
+                                                         {"ar": 20.0, "greedy": 25.0}))
+            for r in records(speed)]
+    rates = report.rates_by_repeat(runs)
+    assert rates[("greedy", 1)] == pytest.approx(20.0) and rates[("ar", 2)] == pytest.approx(20.0)
+    by_repeats, by_prompts = report.over_repeats(runs, "greedy", "ar")
+    assert (by_repeats.value, by_repeats.low, by_repeats.high) == pytest.approx((1.5, 1.25, 2.0))
+    assert by_prompts.value == pytest.approx(report.speedup(runs, "greedy", "ar").value)
+    assert report.over_repeats(runs, "greedy", "ar", rates)[0] == by_repeats
+    # a word only when both intervals clear 1
+    assert report.verdict_both((report.Estimate(1.1, 1.05, 1.2), report.Estimate(1.1, 1.02, 1.2))) == "faster"
+    assert report.verdict_both((report.Estimate(1.1, 0.98, 1.2), report.Estimate(1.1, 1.02, 1.2))) == report.TIE
+    assert report.verdict_both((report.Estimate(0.9, 0.8, 0.95), report.Estimate(0.9, 0.85, 0.99))) == "slower"
+
+
 def test_stamp_names_cpu_kind_versions_and_mode(capsys, monkeypatch):
     monkeypatch.setenv("SPECDEC_QUICK", "1")
     stamp = report.stamp("cpu")

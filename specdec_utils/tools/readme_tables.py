@@ -347,11 +347,10 @@ def trees_graphed_table() -> str:
             "| method | tok/s (median of runs) | tau | over `ar`, same runner (runs; prompts) "
             "| over the engine's graphed `ar` |",
             "|---|---|---|---|---|"]
+    rates = report.rates_by_repeat(records)
     for m in methods:
-        rate = report.from_repeats([report.tokens_per_second(of(m, k)) for k in runs])
-        over = report.from_repeats([report.tokens_per_second(of(m, k)) / report.tokens_per_second(of("ar", k))
-                                    for k in runs])
-        prompts = report.speedup(records, m, "ar") if m != "ar" else None
+        rate = report.from_repeats([rates[(m, k)] for k in runs])
+        over, prompts = report.over_repeats(records, m, "ar", rates) if m != "ar" else (None, None)
         engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
         rows.append(f"| `{m}` | {rate.value:.0f} | {report.tokens_per_target_call(of(m, runs[0])):.2f} | "
                     + ("1.00x" if prompts is None else f"{over:.2fx}; {prompts.low:.2f}-{prompts.high:.2f}") + " | "
@@ -370,10 +369,7 @@ def device_loop_table() -> str:
     records = run["records"]
     methods = list(dict.fromkeys(r["method"] for r in records))
     repeats = sorted({r["repeat"] for r in records})
-
-    def rate(m, k):
-        return report.tokens_per_second([r for r in records if r["method"] == m and r["repeat"] == k])
-
+    rates = report.rates_by_repeat(records)
     same = all(c == identity["prompts"] for c in identity["methods"].values())
     rows = [f"{run['device']}, bfloat16, greedy, torch {run['torch']}, transformers {run['transformers']}, "
             f"{run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} tokens, {len(repeats)} "
@@ -390,12 +386,11 @@ def device_loop_table() -> str:
             "|---|---|---|---|---|---|---|"]
     for m in methods:
         mine = [r for r in records if r["method"] == m]
-        runs_ = report.from_repeats([rate(m, k) / rate("ar (device)", k) for k in repeats])
-        over = report.speedup(records, m, "ar (device)") if m != "ar (device)" else None
+        runs_, over = report.over_repeats(records, m, "ar (device)", rates) if m != "ar (device)" else (None, None)
         engine = report.speedup(records, m, "ar (engine)") if m != "ar (engine)" else None
         parts = run["anatomy"].get(m, {})
         shape = run["tree"] if m == "eagle (device)" else run["gammas"].get(m, 0)
-        rows.append(f"| `{m}` | {shape} | {report.from_repeats([rate(m, k) for k in repeats]).value:.0f} | "
+        rows.append(f"| `{m}` | {shape} | {report.from_repeats([rates[(m, k)] for k in repeats]).value:.0f} | "
                     f"{report.tokens_per_target_call(mine):.2f} | "
                     + ("1.00x" if over is None else f"{runs_:.2fx}; {over.low:.2f}-{over.high:.2f}") + " | "
                     + ("1.00x" if engine is None else f"{engine:.2fx}") + " | "
@@ -414,10 +409,7 @@ def device_attention_table() -> str:
     records = run["records"]
     methods = list(dict.fromkeys(r["method"] for r in records))
     repeats = sorted({r["repeat"] for r in records})
-
-    def rate(m, k):
-        return report.tokens_per_second([r for r in records if r["method"] == m and r["repeat"] == k])
-
+    rates = report.rates_by_repeat(records)
     rows = [f"{run['device']}, bfloat16, greedy, every device loop compiled whole, torch {run['torch']}, transformers "
             f"{run['transformers']}, {run['date']}; {run['prompts']} held-out prompts x {run['max_new_tokens']} "
             f"tokens, {len(repeats)} repeats, loops interleaved prompt by prompt, buffers of {run['capacity']} slots; "
@@ -434,11 +426,10 @@ def device_attention_table() -> str:
             if m == base:
                 cells.append("1.00x")
                 continue
-            runs_ = report.from_repeats([rate(m, k) / rate(base, k) for k in repeats])
-            over = report.speedup(records, m, base)
+            runs_, over = report.over_repeats(records, m, base, rates)
             cells.append(f"{runs_:.2fx}; {over.low:.2f}-{over.high:.2f}")
         shape = run["tree"] if m.startswith("eagle (") else run["gammas"].get(m, "-")
-        rate_ = report.from_repeats([rate(m, k) for k in repeats])
+        rate_ = report.from_repeats([rates[(m, k)] for k in repeats])
         rows.append(f"| `{m}` | {shape} | {rate_.value:.0f} | {tau:.2f} | "
                     + (f"{gpu:.2f} | {tau / gpu:.2f}" if gpu else "- | -") + " | " + " | ".join(cells) + " |")
     return "\n".join(rows)
