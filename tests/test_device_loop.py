@@ -204,10 +204,10 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
                                "--prompts", "1", "--max-new-tokens", "8", *args], capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
-    run("--part", "device-identity", "--out", str(tmp_path / "identity.json"))
+    run("--part", "device-identity", "--extra-trees", "3x4x9", "--out", str(tmp_path / "identity.json"))
     identity = json.loads((tmp_path / "identity.json").read_text())
     assert identity["methods"] == {"ar (device)": 1, "greedy (device)": 1, "eagle-chain (device)": 1,
-                                   "eagle (device)": 1}
+                                   "eagle (device)": 1, "eagle 3x4x9 (device)": 1}
     run("--part", "device-tune", "--gammas", "2,3", "--trees", "3x2x4,4x3x8", "--out", str(tmp_path / "tune.json"))
     tune = json.loads((tmp_path / "tune.json").read_text())
     assert [(r["method"], r["gamma"]) for r in tune["results"]] == [

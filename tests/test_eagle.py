@@ -287,3 +287,68 @@ def test_the_device_grown_tree_equals_the_node_by_node_one(monkeypatch, vocab_id
     generate(target, torch.tensor([[5, 9, 11, 4]]), 40, method="eagle", eagle=head, gamma=5,
              params={"tree_nodes": 12, "width": 3, "prune": prune, "threshold": 0.05})
     assert len(seen) > 5 and all(seen)
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for eagle_tau.measure: characters as ids, no EOS."""
+    eos_token_id = None
+
+    def __call__(self, text, return_tensors="pt"):
+        return type("Encoded", (), {"input_ids": torch.tensor([[3 + ord(c) % 40 for c in text]])})()
+
+
+def test_eagle_tau_measures_every_head_and_shape_and_checks_them_against_ar(monkeypatch):
+    from specdec_utils.tools import eagle_tau
+    monkeypatch.setattr(eagle_tau, "format_prompt", lambda tokenizer, row: row["prompt"])
+    target = tiny_target(48, seed=2)
+    heads = {"a": random_head(target, seed=1), "b": random_head(target, seed=2)}
+    shapes = [eagle_tau.parse_shape(s) for s in ("chain3", "tree3x2x4")]
+    rows = [{"id": f"p{i}", "category": "facts", "prompt": text} for i, text in enumerate(["hello there", "a b c d"])]
+    out = eagle_tau.measure(target, _CharTokenizer(), heads, shapes, rows, 10, log=lambda *a, **k: None)
+    assert set(out["runs"]) == {"a/chain3", "a/tree3x2x4", "b/chain3", "b/tree3x2x4"}
+    for run in out["runs"].values():
+        assert run["new"] == [10, 10] and run["same_as_ar"] == [True, True]
+        assert all(2 <= p <= 11 for p in run["passes"])  # the prefill, then at least one token per pass
+
+
+def test_eagle_tau_parses_shapes_and_heads_and_refuses_bad_ones():
+    from specdec_utils.tools import eagle_tau
+    assert eagle_tau.parse_shape("chain6") == {"name": "chain6", "method": "eagle-chain", "gamma": 6, "params": {}}
+    assert eagle_tau.parse_shape("tree7x10x60")["params"] == {"width": 10, "tree_nodes": 60}
+    assert eagle_tau.parse_shape("tree7x10x60")["gamma"] == 7
+    for bad in ("chain0", "tree3x2", "tree3x0x4", "star6"):
+        with pytest.raises(ValueError, match="allowed chainG or treeDxWxN"):
+            eagle_tau.parse_shape(bad)
+    assert eagle_tau.parse_heads("x=eagle-head, y=/tmp/h") == {"x": "eagle-head", "y": "/tmp/h"}
+    with pytest.raises(ValueError, match="LABEL=NAME_OR_PATH"):
+        eagle_tau.parse_heads("eagle-head")
+    assert eagle_tau.main(["--shapes", "tree3", "--out", "/dev/null"]) == 2
+
+
+def test_eagle_tau_summary_pools_tokens_over_passes():
+    from specdec_utils.tools import eagle_tau
+    result = {"prompts": ["p0", "p1"], "runs": {"a/chain2": {"head": "a", "shape": "chain2", "new": [8, 4],
+                                                             "passes": [2, 4], "same_as_ar": [True, False]}}}
+    (row,) = eagle_tau.summarize(result)
+    assert row["tau"].value == pytest.approx(12 / 6) and (row["same_as_ar"], row["prompts"]) == (1, 2)
+    assert row["tau_round"].value == pytest.approx(10 / 4)  # the prefill's pass and its token left out
+    assert row["tau"].low >= 1.0 and row["tau"].high <= 4.0  # the two prompts' own tau bound every resample
+
+
+def test_eagle_tau_describes_shapes_and_judges_goals_on_the_interval():
+    from specdec_utils.report import Estimate
+    from specdec_utils.tools import eagle_tau
+    assert eagle_tau.describe(eagle_tau.parse_shape("chain6")) == "`eagle-chain`, gamma 6"
+    assert eagle_tau.describe(eagle_tau.parse_shape("tree7x10x60")) == "`eagle`, tree 7x10x60"
+    assert eagle_tau.against(Estimate(3.6, 3.5, 3.7, ""), 3.5) == "met"
+    assert eagle_tau.against(Estimate(3.6, 3.4, 3.7, ""), 3.5) == "undecided"
+    assert eagle_tau.against(Estimate(3.3, 3.2, 3.49, ""), 3.5) == "missed"
+
+
+def test_eagle_tau_difference_is_paired_over_prompts():
+    from specdec_utils.tools import eagle_tau
+    # b is a exactly 0.5 tokens per round worse on every prompt, prompts of very different difficulty
+    result = {"prompts": ["p0", "p1", "p2"], "runs": {
+        "a/x": {"new": [21, 41, 11], "passes": [11, 11, 11]}, "b/x": {"new": [16, 36, 6], "passes": [11, 11, 11]}}}
+    gap = eagle_tau.difference(result, "a/x", "b/x")
+    assert gap.value == pytest.approx(0.5) and gap.low == pytest.approx(0.5) and gap.high == pytest.approx(0.5)

@@ -26,6 +26,9 @@ tokens/s on *training* prompts (`--prompts N`: taken in turn from each category)
 compiled plain runner's host loop and on the engine's graphed step (on the CPU: the course's engine running `ar`
 and the same chains), `--repeats` times.
 
+`--extra-trees 7x10x60,...` (device-identity and device-board): more EAGLE trees beside `--tree`, each its own
+loop labelled `eagle DxTxN (device)` (notebook 07 compares EAGLE-2's default budget with the tuned tree this way).
+
 `--temperature T` (device-tune and device-board): the chains sampled (the device loop's sampled round; the draft's
 chain is then `sampling`), each prompt's draws from a generator seeded with its index, beside the engine's sampled
 methods; the device tree is greedy only and is left out.
@@ -219,12 +222,18 @@ def _device_setup(args, tokenizer, rows, dtype):
     tree = _tree_shape(args.tree)
     # room for the longest prompt, its new tokens and the widest round (a chain's gamma, a tree's nodes), no more:
     # no loop grows (and so records again) inside a timed generation, and attention reads the whole buffer
-    span = max(args.gamma_greedy, args.gamma_eagle, tree[2] if tree else 0) + 1
+    extra = [_tree_shape(shape) for shape in filter(None, args.extra_trees.split(","))]
+    span = max(args.gamma_greedy, args.gamma_eagle, tree[2] if tree else 0, *(shape[2] for shape in extra)) + 1
     capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
                            "eagle": tree}, args.temperature, _attentions(args))
+    for depth, topk, nodes in extra if not args.temperature else ():  # more trees beside --tree, one loop each
+        for attention in _attentions(args):
+            loops[_label(f"eagle {depth}x{topk}x{nodes}", attention)] = DeviceTreeLoop(
+                target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity, compile=_compile(args),
+                attention=attention)
     for loop in loops.values():
         loop.prepare()
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
@@ -509,6 +518,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tuned", help="device parts: take the gammas and the tree from these device-tune JSONs (their "
                     "best; comma-separated, a later file's choice wins)")
     ap.add_argument("--tree", default="6x4x24", help="device parts: EAGLE's device tree, DEPTHxTOPKxNODES ('': none)")
+    ap.add_argument("--extra-trees", default="",
+                    help="device-board/identity: more EAGLE trees beside --tree, comma-separated, each its own loop "
+                         "labelled 'eagle DxTxN (device)'")
     ap.add_argument("--trees", default="", help="device-tune: the tree shapes tried, comma-separated")
     ap.add_argument("--methods", default="ar,greedy,eagle-chain,draft-tree,medusa,eagle")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
