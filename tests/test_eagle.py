@@ -352,3 +352,15 @@ def test_eagle_tau_difference_is_paired_over_prompts():
         "a/x": {"new": [21, 41, 11], "passes": [11, 11, 11]}, "b/x": {"new": [16, 36, 6], "passes": [11, 11, 11]}}}
     gap = eagle_tau.difference(result, "a/x", "b/x")
     assert gap.value == pytest.approx(0.5) and gap.low == pytest.approx(0.5) and gap.high == pytest.approx(0.5)
+
+
+def test_eagle_tau_best_against_goals_keeps_chains_within_the_cap():
+    from specdec_utils.tools import eagle_tau
+    shapes = [eagle_tau.parse_shape(s) for s in ("chain6", "chain8", "tree2x2x3")]
+    runs = {"h/chain6": [20, 10], "h/chain8": [40, 10], "h/tree2x2x3": [37, 10]}  # new tokens, passes (one prompt)
+    result = {"prompts": ["p0"], "heads": {"h": {}}, "shapes": shapes,
+              "runs": {k: {"head": "h", "shape": k.split("/")[1], "new": [n], "passes": [p], "same_as_ar": [True]}
+                       for k, (n, p) in runs.items()}}
+    best = {b["method"]: b for b in eagle_tau.best_against_goals(result)}
+    assert best["eagle-chain"]["shape"] == "chain6" and best["eagle-chain"]["verdict"] == "missed"  # 19/9 < 2.9
+    assert best["eagle"]["shape"] == "tree2x2x3" and best["eagle"]["verdict"] == "met"  # 36/9 = 4 >= 3.5

@@ -40,6 +40,8 @@ from ..core.methods import generate
 from ..models import load_model
 from ..prompts import build_prompts, format_prompt
 
+GOALS = {"eagle-chain": 2.9, "eagle": 3.5}  # the course's goals for tau per drafting round, held-out prompts
+CHAIN_MAX = 6  # ... for a chain of at most this many drafts
 SHAPE = re.compile(r"^(?:chain(\d+)|tree(\d+)x(\d+)x(\d+))$")
 
 
@@ -145,6 +147,23 @@ def difference(result: dict, a: str, b: str, *, per_round: bool = True, resample
     def many(picks):
         return (new[a][picks].sum(1) / passes[a][picks].sum(1)) - (new[b][picks].sum(1) / passes[b][picks].sum(1))
     return report.bootstrap(list(range(len(result["prompts"]))), one, resamples=resamples, vectorized=many)
+
+
+def best_against_goals(result: dict, measured: list[dict] | None = None) -> list[dict]:
+    """Per head and method: the shape with the highest tau per drafting round (chains of at most CHAIN_MAX drafts),
+    its goal from GOALS and the verdict (`against`)."""
+    measured = summarize(result) if measured is None else measured
+    shapes = {s["name"]: s for s in result["shapes"]}
+    out = []
+    for head in result["heads"]:
+        for method, goal in GOALS.items():
+            mine = [r for r in measured if r["head"] == head and shapes[r["shape"]]["method"] == method
+                    and (method != "eagle-chain" or shapes[r["shape"]]["gamma"] <= CHAIN_MAX)]
+            if mine:
+                best = max(mine, key=lambda r: r["tau_round"].value)
+                out.append({"head": head, "method": method, "shape": best["shape"], "tau_round": best["tau_round"],
+                            "goal": goal, "verdict": against(best["tau_round"], goal)})
+    return out
 
 
 def main(argv=None) -> int:

@@ -481,22 +481,13 @@ def eagle_tau_table() -> str:
     label = {"shipped": "shipped", "stage5": "trained further (stages 4-5 on an H200; not shipped)"}
     lines = ["| head | training steps | drafting | tau per target pass | tau per drafting round | outputs equal to "
              "`ar`'s |", "|---|---|---|---|---|---|"]
-    goals = {"eagle-chain": 2.9, "eagle": 3.5}
-    best = {}
     for r in eagle_tau.summarize(decoded):
-        s = shapes[r["shape"]]
-        how = eagle_tau.describe(s)
         steps = decoded["heads"][r["head"]]["trained_steps"]
-        lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | {how} | {r['tau']:.2f} | "
-                     f"{r['tau_round']:.2f} | {r['same_as_ar']}/{r['prompts']} |")
-        if s["method"] == "eagle" or s["gamma"] <= 6:
-            key = (r["head"], s["method"])
-            if key not in best or r["tau_round"].value > best[key][0].value:
-                best[key] = (r["tau_round"], how)
-    verdicts = []
-    for (head, method), (tau, how) in best.items():
-        verdicts.append(f"{label.get(head, head).split(' (')[0]} {how}: {tau.value:.2f} against {goals[method]}, "
-                        f"{eagle_tau.against(tau, goals[method])}")
+        lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | {eagle_tau.describe(shapes[r['shape']])} | "
+                     f"{r['tau']:.2f} | {r['tau_round']:.2f} | {r['same_as_ar']}/{r['prompts']} |")
+    verdicts = [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
+                f"{b['tau_round'].value:.2f} against {b['goal']}, {b['verdict']}"
+                for b in eagle_tau.best_against_goals(decoded)]
     last = stages["stages"][-1]
     board = _load("tree_graph_device_budget_h100.json")
     rates = report.rates_by_repeat(board["records"])
@@ -520,7 +511,8 @@ def eagle_tau_table() -> str:
             f"4 / 6.\n\n"
             + "\n".join(lines) + "\n\nIntervals: 95% bootstrap over prompts; tau per drafting round leaves out the "
             "prefill's pass and its token (the papers' acceptance length). Tau goals per drafting round (chain of "
-            "at most 6 drafts >= 2.9; dynamic tree >= 3.5), best shape per head: " + "; ".join(verdicts) + "." + cost)
+            f"at most {eagle_tau.CHAIN_MAX} drafts >= {eagle_tau.GOALS['eagle-chain']}; dynamic tree >= "
+            f"{eagle_tau.GOALS['eagle']}), best shape per head: " + "; ".join(verdicts) + "." + cost)
 
 
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
