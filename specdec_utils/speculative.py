@@ -39,7 +39,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
                          generator: torch.Generator | None = None) -> GenerationResult:
     """Speculative decoding (Leviathan et al. 2023, Algorithm 1): the `draft` proposes `gamma`
     tokens per round, the `target` verifies them in one forward pass. The same as
-    `generate(target, ..., method="greedy", draft=draft)`.
+    `generate(target, ..., method="draft", draft=draft)`.
 
     temperature 0 is greedy: the output equals the target's greedy output token for token.
     Otherwise both models' logits are warped identically (temperature, top_k, top_p) and
@@ -48,6 +48,6 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
     comes first; the draft never proposes a token past the budget. The first target pass is also
     the prefill, so a draft that is always accepted needs ceil(n / (gamma + 1)) target passes.
     """
-    return generate(target, input_ids, max_new_tokens, method="greedy", draft=draft, gamma=gamma,
+    return generate(target, input_ids, max_new_tokens, method="draft", draft=draft, gamma=gamma,
                     temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
                     generator=generator)

@@ -11,8 +11,27 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+def _repo_root() -> Path:
+    """The course checkout whose data/ the package reads: $SPECDEC_REPO if set (a plain, non-editable install),
+    else the folder above the package (an editable install, or a clone on Python's path)."""
+    override = os.environ.get("SPECDEC_REPO")
+    return Path(override).expanduser().resolve() if override else Path(__file__).resolve().parent.parent
+
+
+REPO_ROOT = _repo_root()
+DATA_DIR = REPO_ROOT / "data"
 FIGURES_DIR = REPO_ROOT / "figures"
+
+
+def require_data() -> Path:
+    """`DATA_DIR` (models, prompts, benchmarks), or one line saying how to point the package at it."""
+    if not DATA_DIR.is_dir():
+        where = "SPECDEC_REPO" if os.environ.get("SPECDEC_REPO") else "the folder above the installed package"
+        raise FileNotFoundError(f"specdec_utils needs the course checkout's data/ folder and found none in {REPO_ROOT} "
+                                f"({where}): install the package editable from the checkout (`pip install -e .`) "
+                                "or set SPECDEC_REPO to the checkout's root")
+    return DATA_DIR
 
 
 def quick_mode() -> bool:

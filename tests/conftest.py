@@ -50,6 +50,17 @@ def _guarded_from_pretrained(cls, name, *args, **kwargs):
     return _original_from_pretrained(cls, name, *args, **kwargs)
 
 
+def pytest_report_header(config):
+    """The machine the tests ran on, at the top of every run's log (`make test-gpu` commits its log)."""
+    import platform
+
+    import transformers
+    gpu = (f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s))"
+           if torch.cuda.is_available() else "none")
+    return [f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores; GPU: {gpu}",
+            f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}"]
+
+
 def pytest_configure(config):
     PreTrainedModel.from_pretrained = classmethod(_guarded_from_pretrained)
 

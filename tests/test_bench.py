@@ -68,10 +68,10 @@ TINY = ["--target", "tiny-llama", "--draft", "tiny-gpt2"]  # for errors found af
     (["--methods", "ar,entropy"], r"--methods: .*'entropy'.*allowed: .*entropy-stop"),
     (["--param", "tau=2"], r"--param: .*METHOD.NAME=VALUE"),
     (["--param", "entropy.tau=2"], r"--param: .*'entropy'.*allowed: .*entropy-stop"),
-    (["--param", "entropy-stop.tua=2"], r"--param: .*'tua'.*allowed: .*tau"),
+    (["--param", "entropy-stop.tua=2"], r"--param: .*'tua'.*allowed: .*theta"),
     (["--param", "greedy.tau=2"], r"--param: .*'tau'.*'greedy'.*allowed: gamma"),
     ([*TINY, "--param", "adaedl.lam0=0.5"], r"--param: .*'adaedl'.*--methods"),
-    ([*TINY, "--methods", "entropy-stop", "--param", "entropy-stop.tau=-1"], r"--param: tau.*>= 0"),
+    ([*TINY, "--methods", "entropy-stop", "--param", "entropy-stop.theta=-1"], r"--param: theta.*>= 0"),
     ([*TINY, "--methods", "confidence-stop", "--param", "confidence-stop.threshold=high"],
      r"--param: threshold.*\[0, 1\]"),
     ([*TINY, "--methods", "learned-stop"], r"--param: .*'learned-stop'.*stop head"),
@@ -159,7 +159,7 @@ def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tm
     methods = ["ar", "greedy", "adaptive-hf", "adaptive-dual", "oracle", "entropy-stop", "confidence-stop", "adaedl"]
     code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--methods", ",".join(methods),
                                        "--prompts", str(prompts_file), "--max-new-tokens", "9", "--device", "cpu",
-                                       "--param", "entropy-stop.tau=1.5", "--param", "adaedl.lam0=0.5",
+                                       "--param", "entropy-stop.theta=1.5", "--param", "adaedl.lam0=0.5",
                                        "--out", str(out_file)])
     assert code == 0, err
     records = json.loads(out_file.read_text())
@@ -171,7 +171,7 @@ def test_every_engine_method_runs_from_the_command_line(capsys, prompts_file, tm
             assert record["rounds"] == record["target_calls"]
             assert sum(record["stops"].values()) == record["rounds"]
             assert min(record["draft_ms"], record["verify_ms"], record["bookkeeping_ms"]) >= 0
-        assert by_key[prompt_id, "entropy-stop"]["params"] == {"tau": 1.5}
+        assert by_key[prompt_id, "entropy-stop"]["params"] == {"theta": 1.5}
         assert by_key[prompt_id, "oracle"]["accepted"] == by_key[prompt_id, "oracle"]["drafted"]
     assert "wasted/token" in out and "draft calls/token" in out
 
@@ -185,7 +185,7 @@ def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tm
     code, out, err = run_main(capsys, ["--target", "tiny-llama", "--draft", "tiny-gpt2", "--draft-small", small,
                                        "--methods", ",".join(methods), "--prompts", str(prompts_file),
                                        "--max-new-tokens", "12", "--device", "cpu",
-                                       "--param", "hierarchical.tau2_0=9.0", "--out", str(out_file)])
+                                       "--param", "hierarchical.theta2_0=9.0", "--out", str(out_file)])
     assert code == 0, err
     assert f"under draft-small {small}" in out
     records = json.loads(out_file.read_text())

@@ -35,7 +35,7 @@ def test_every_round_gives_the_target_alones_tokens():
         reference = generate(target, ids, 40, method="ar").new_token_ids
         for name, loop in cases.items():  # one loop per method, reused across prompts (as the benchmark does)
             assert loop.generate(ids, 40).new_token_ids == reference, (name, seed)
-    assert cases["greedy 4"].generate(ids, 40).tau > 1.5  # the noisy copy's drafts are mostly accepted
+    assert cases["greedy 4"].generate(ids, 40).tokens_per_round > 1.5  # the noisy copy's drafts are mostly accepted
 
 
 def test_a_draft_equal_to_the_target_has_every_draft_accepted():
@@ -43,7 +43,7 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted():
     ids = random_prompt(7, seed=1)
     out = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3).generate(ids, 40)
     assert out.new_token_ids == generate(target, ids, 40, method="ar").new_token_ids
-    assert out.accepted == [3] * 10 and out.tau == 4.0
+    assert out.accepted_per_round == [3] * 10 and out.tokens_per_round == 4.0
 
 
 def test_eos_stops_and_the_cache_grows():
@@ -98,6 +98,7 @@ def test_the_loop_refuses_what_it_cannot_run():
         loop.generate(torch.tensor([[5, 6]]), 0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_recorded_round_gives_the_target_alones_tokens():
     target = random_model("tiny-llama", seed=0)
@@ -141,7 +142,7 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
         outs = [twin.generate(ids, 40, generator=torch.Generator().manual_seed(3)) for twin in twins]
         assert twins[0].graph is not None and outs[0].new_token_ids == outs[1].new_token_ids, kwargs
     same = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3, temperature=1.0)
-    assert same.generate(ids, 40, generator=torch.Generator().manual_seed(4)).accepted == [3] * 10
+    assert same.generate(ids, 40, generator=torch.Generator().manual_seed(4)).accepted_per_round == [3] * 10
 
 
 def test_the_device_drafts_accept_as_often_as_the_engines():
@@ -160,7 +161,7 @@ def test_the_device_drafts_accept_as_often_as_the_engines():
         expected = [r.accepted for r in engine.rounds[skip:]]
         # (the engine's last rounds may draft fewer than gamma: compared up to there)
         expected = expected[:next((i for i, r in enumerate(engine.rounds[skip:]) if r.drafted < 4), len(expected))]
-        got = DeviceLoop(target, gamma=4, **kwargs).generate(prompt, 60 - skip).accepted
+        got = DeviceLoop(target, gamma=4, **kwargs).generate(prompt, 60 - skip).accepted_per_round
         assert len(expected) >= 8 and got[:len(expected)] == expected, method
         assert 0 < sum(expected) < 4 * len(expected)
 
@@ -263,13 +264,14 @@ def test_the_triton_attention_gives_the_same_tokens():
         assert loop.generate(ids, 30).new_token_ids == reference, name
     sampled = [DeviceLoop(target, draft=draft, gamma=3, temperature=1.0, attention=attention)
                .generate(ids, 30, generator=torch.Generator().manual_seed(3)) for attention in ("sdpa", "triton")]
-    assert sampled[0].new_token_ids == sampled[1].new_token_ids and sampled[1].tau > 1.5
+    assert sampled[0].new_token_ids == sampled[1].new_token_ids and sampled[1].tokens_per_round > 1.5
     small = random_model("tiny-llama", seed=4, vocab=6)
     small_head = random_eagle_head(small, 5)
     small, small_head = small.to(device), small_head.to(device)
     ids = random_prompt(6, seed=1, vocab=6).to(device)
     out = DeviceTreeLoop(small, small_head, depth=5, topk=3, nodes=30, attention="triton").generate(ids, 60)
-    assert out.new_token_ids == generate(small, ids, 60, method="ar").new_token_ids and max(out.accepted) >= 3
+    assert out.new_token_ids == generate(small, ids, 60, method="ar").new_token_ids
+    assert max(out.accepted_per_round) >= 3
     with pytest.raises(ValueError, match="attention must be 'sdpa'"):
         DeviceLoop(target, gamma=0, attention="flash")
     # the benchmark's `--attention both`: every loop twice, the kernel's labelled
@@ -321,7 +323,7 @@ def test_a_tree_holding_every_token_accepts_a_whole_level_each_round():
     loop = DeviceTreeLoop(target, head, depth=2, topk=6, nodes=6 + 36)
     out = loop.generate(ids, 30)
     assert out.new_token_ids == generate(target, ids, 30, method="ar").new_token_ids
-    assert out.accepted == [2] * 10
+    assert out.accepted_per_round == [2] * 10
     with pytest.raises(ValueError, match="nodes must be at most"):
         DeviceTreeLoop(target, head, depth=2, topk=6, nodes=43)
     with pytest.raises(ValueError, match="topk must be at most"):
@@ -340,7 +342,7 @@ def test_deep_acceptance_in_the_device_tree():
         loop = DeviceTreeLoop(target, head, depth=5, topk=3, nodes=30)
         out = loop.generate(ids, 60)
         assert out.new_token_ids == generate(target, ids, 60, method="ar").new_token_ids
-        deepest = max(deepest, max(out.accepted))
+        deepest = max(deepest, max(out.accepted_per_round))
         # the committed part of the target's cache equals a fresh prefill of the same tokens
         L = int(loop.L)
         fresh = DeviceLoop(target, gamma=0)
@@ -438,7 +440,8 @@ def test_the_sampled_round_compiled_draws_what_the_op_by_op_round_draws():
     ids = random_prompt(9, seed=4)
     outs = [DeviceLoop(target, draft=draft, gamma=2, temperature=0.9, top_p=0.95, compile=mode)
             .generate(ids, 30, generator=torch.Generator().manual_seed(7)) for mode in (False, "round")]
-    assert outs[0].new_token_ids == outs[1].new_token_ids and outs[0].accepted == outs[1].accepted
+    assert outs[0].new_token_ids == outs[1].new_token_ids
+    assert outs[0].accepted_per_round == outs[1].accepted_per_round
 
 
 def test_the_whole_round_compiled_gives_the_target_alones_tokens():
@@ -548,7 +551,7 @@ def test_a_sampled_loop_repeats_its_draws_and_accepts_a_copy_of_the_target():
     loop = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3, temperature=1.0)
     runs = [loop.generate(ids, 40, generator=torch.Generator().manual_seed(seed)) for seed in (1, 1, 2)]
     assert runs[0].new_token_ids == runs[1].new_token_ids != runs[2].new_token_ids
-    assert all(run.accepted == [3] * 10 for run in runs)
+    assert all(run.accepted_per_round == [3] * 10 for run in runs)
 
 
 def test_sampling_refuses_what_it_cannot_run():

@@ -41,13 +41,13 @@ def method_params(method: str, hidden_size: int, reference=None) -> dict:
     torch.manual_seed(0)
     return {"adaptive-dual": {"entropy_threshold": 4.0},
             "oracle": {"reference": reference},
-            "entropy-stop": {"tau0": 0.0},
+            "entropy-stop": {"theta0": 0.0},
             "confidence-stop": {"threshold": 0.5},
             "adaedl": {"lam0": 0.5},
             "learned-stop": {"head": StopHead(hidden_size), "threshold": 0.3},
             # start confident, so that M2 loops back to M1 until the first rejections set the thresholds
-            "hierarchical": {"tau1_0": 20.0, "tau2_0": 20.0, "max_small": 2},
-            "hierarchical-noloop": {"tau1_0": 20.0, "max_small": 3},
+            "hierarchical": {"theta1_0": 20.0, "theta2_0": 20.0, "max_small": 2},
+            "hierarchical-noloop": {"theta1_0": 20.0, "max_small": 3},
             "medusa": {"tree": "cartesian", "topk": 3, "tree_nodes": 12},
             "draft-tree": {"width": 2, "tree_nodes": 10}}.get(method, {})
 
@@ -237,7 +237,7 @@ def test_sampled_outputs_follow_the_target_distribution(toy, method):  # detects
     counts, stops = run_method(toy, method)
     exact = toy[3][1.0]
     assert chi_square_p_value(counts, exact) > MIN_P_VALUE, (method, total_variation(counts, exact))
-    if method not in ("ar", "sampling", "adaptive-hf", "adaptive-dual", "hierarchical", "hierarchical-noloop"):
+    if method not in ("ar", "draft", "adaptive-hf", "adaptive-dual", "hierarchical", "hierarchical-noloop"):
         # (the hierarchical rules need longer outputs: tests/test_hierarchy.py)
         assert POLICIES[method].reason in stops  # the stopping rule really fired
 
@@ -449,18 +449,31 @@ def test_dual_signal_gamma():
 
 
 def test_entropy_stop_threshold_is_the_mean_rejected_entropy():
-    policy = policies.EntropyStop(tau0=0.0)
-    assert policy.tau == 0.0
-    for entropies, accepted, expected_tau in [([1.0, 2.0, 3.0], 1, 2.0), ([0.5, 0.7], 2, 2.0), ([4.0], 0, 3.0)]:
+    policy = policies.EntropyStop(theta0=0.0)
+    assert policy.theta == 0.0
+    for entropies, accepted, expected in [([1.0, 2.0, 3.0], 1, 2.0), ([0.5, 0.7], 2, 2.0), ([4.0], 0, 3.0)]:
         policy.round_gamma()
         policy.entropies = entropies
         policy.observe(stats(10, len(entropies), accepted))
-        assert policy.tau == pytest.approx(expected_tau)
-    fixed = policies.EntropyStop(tau=1.5)
+        assert policy.theta == pytest.approx(expected)
+    fixed = policies.EntropyStop(theta=1.5)
     fixed.round_gamma()
     fixed.entropies = [3.0]
     fixed.observe(stats(10, 1, 0))
-    assert fixed.tau == 1.5
+    assert fixed.theta == 1.5
+
+
+def test_the_old_names_of_the_entropy_thresholds_fail_in_one_line():
+    from specdec_utils.core.hierarchy import HierarchyPolicy
+    with pytest.raises(ValueError, match="'tau0' is now 'theta0'"):
+        policies.EntropyStop(tau0=1.0)
+    with pytest.raises(ValueError, match="'tau2_0' is now 'theta2_0'"):
+        HierarchyPolicy(tau2_0=1.0)
+    with pytest.raises(ValueError, match="'tau' of method 'entropy-stop' is now 'theta'"):
+        generate(ToyLM(5), torch.tensor([[1, 2]]), 2, method="entropy-stop", draft=ToyLM(5, seed=1),
+                 params={"tau": 1.0})
+    with pytest.raises(ValueError, match="unknown parameter 'bogus'"):
+        policies.EntropyStop(bogus=1.0)
 
 
 def test_confidence_refit_minimises_fpr_plus_three_fnr():
@@ -503,8 +516,8 @@ def test_adaedl_bound_and_threshold_update():
 # --- bad arguments ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"method": "fast"}, r"method 'fast'.*allowed: .*greedy"),
-    ({"method": "entropy-stop", "params": {"tua": 1}}, r"'tua'.*allowed: .*tau"),
+    ({"method": "fast"}, r"method 'fast'.*allowed: .*draft"),
+    ({"method": "entropy-stop", "params": {"tua": 1}}, r"'tua'.*allowed: .*theta"),
     ({"method": "greedy", "params": {"tau": 1}}, r"'tau'.*'greedy'.*allowed: none"),
     ({"method": "greedy", "draft": None}, r"'greedy'.*draft"),
     ({"method": "oracle"}, r"'reference'"),
@@ -550,5 +563,5 @@ def test_eos_may_be_a_tensor_or_numpy_id(models):
 
 
 def test_policy_parameters_are_listed():
-    assert policy_parameters("entropy-stop") == ["tau", "tau0"]
+    assert policy_parameters("entropy-stop") == ["theta", "theta0"]
     assert policy_parameters("greedy") == []

@@ -56,7 +56,7 @@ def tiny():
 
 
 @pytest.mark.parametrize("method", ["hierarchical", "hierarchical-noloop"])
-@pytest.mark.parametrize("params", [{}, {"tau1": 50.0, "tau2": 50.0, "max_small": 3, "gamma": 7},
+@pytest.mark.parametrize("params", [{}, {"theta1": 50.0, "theta2": 50.0, "max_small": 3, "gamma": 7},
                                     {"max_small": 0, "gamma": 1}])
 def test_greedy_with_an_ngram_bottom_level_equals_the_target_alone(tiny, method, params):
     target, middle, prompts, table = tiny
@@ -82,7 +82,7 @@ def test_greedy_stops_at_eos_and_respects_the_budget(tiny):
     eos = next(token for i, token in enumerate(free_run) if i >= 5 and token not in free_run[:i])
     for method in ("hierarchical", "hierarchical-noloop"):
         result = generate(target, prompts[1], 30, method=method, draft=middle, draft_small=table, eos_token_id=eos,
-                          params={"tau1": 50.0, "tau2": 50.0})
+                          params={"theta1": 50.0, "theta2": 50.0})
         assert result.new_token_ids == free_run[:free_run.index(eos) + 1]
 
 
@@ -139,9 +139,10 @@ def sampled(toy, make_policy, small="model", proposer=HierarchicalProposer, tria
     return sample_outputs(run, trials, seed=0), stops, loops
 
 
-POLICIES = {"fixed": lambda: HierarchyPolicy(gamma=5, max_small=2, tau1=0.9, tau2=1.0),  # loop-back fires and not
-            "adaptive": lambda: HierarchyPolicy(gamma=5, max_small=3, tau1_0=1.0, tau2_0=1.2),  # adaptive thresholds
-            "noloop": lambda: NoLoopPolicy(gamma=5, max_small=3, tau1=0.9)}
+POLICIES = {"fixed": lambda: HierarchyPolicy(gamma=5, max_small=2, theta1=0.9, theta2=1.0),  # loop-back fires and not
+            # adaptive thresholds
+            "adaptive": lambda: HierarchyPolicy(gamma=5, max_small=3, theta1_0=1.0, theta2_0=1.2),
+            "noloop": lambda: NoLoopPolicy(gamma=5, max_small=3, theta1=0.9)}
 
 
 # every policy with the toy model as M1, and the n-gram table as M1 under the policy that loops back; the other
@@ -180,30 +181,30 @@ class DropsTheCorrection(HierarchicalProposer):
 @pytest.mark.stat
 @pytest.mark.parametrize("proposer", [UsesSmallRows, DropsTheCorrection])
 def test_the_exactness_check_fails_planted_hierarchy_bugs(toy, proposer):
-    counts, _, _ = sampled(toy, lambda: HierarchyPolicy(gamma=5, max_small=3, tau1=0.9, tau2=1.0),
+    counts, _, _ = sampled(toy, lambda: HierarchyPolicy(gamma=5, max_small=3, theta1=0.9, theta2=1.0),
                            proposer=proposer)
     assert chi_square_p_value(counts, toy[4]) < 1e-10
 
 
 def test_thresholds_are_running_means_of_rejected_entropies():
-    policy = HierarchyPolicy(tau1_0=0.5, tau2_0=0.7)
+    policy = HierarchyPolicy(theta1_0=0.5, theta2_0=0.7)
     policy.middle_rejected(1.0)
     policy.middle_rejected(2.0)
-    assert policy.tau1 == 1.5
+    assert policy.theta1 == 1.5
     middle = {"middle_entropies": [0.1, 0.4, 0.9]}  # M2's entropy at each pending token, from the proposer
     policy.observe(type("S", (), {"accepted": 1, "drafted": 3, "detail": middle})())
     policy.observe(type("S", (), {"accepted": 3, "drafted": 3, "detail": middle})())  # all accepted: nothing to learn
-    assert policy.tau2 == 0.4
-    fixed = HierarchyPolicy(tau1=0.3, tau2=0.2)
+    assert policy.theta2 == 0.4
+    fixed = HierarchyPolicy(theta1=0.3, theta2=0.2)
     fixed.middle_rejected(5.0)
-    assert (fixed.tau1, fixed.tau2) == (0.3, 0.2)
+    assert (fixed.theta1, fixed.theta2) == (0.3, 0.2)
 
 
 def test_a_hierarchy_policy_object_runs_with_both_drafts(tiny):
     target, middle, prompts, table = tiny
     plain = generate(target, prompts[2], 20, method="ar").new_token_ids
-    result = generate(target, prompts[2], 20, method=HierarchyPolicy(max_small=2, tau1=50.0, tau2=50.0), draft=middle,
-                      draft_small=table)
+    result = generate(target, prompts[2], 20, method=HierarchyPolicy(max_small=2, theta1=50.0, theta2=50.0),
+                      draft=middle, draft_small=table)
     assert result.new_token_ids == plain and result.method == "hierarchical"
     with pytest.raises(ValueError, match="policy 'hierarchical-noloop' needs draft_small"):
         generate(target, prompts[2], 20, method=NoLoopPolicy(), draft=middle)

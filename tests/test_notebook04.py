@@ -34,7 +34,7 @@ def models():
 
 
 CASES = [  # notebook class and its arguments, the package method and its parameters
-    ("EntropyStop", {"theta0": 0.0, "gamma": 6}, "entropy-stop", {"tau0": 0.0, "gamma": 6}),  # θ is `tau` there
+    ("EntropyStop", {"theta0": 0.0, "gamma": 6}, "entropy-stop", {"theta0": 0.0, "gamma": 6}),
     ("ConfidenceStop", {"threshold": 0.4, "gamma": 6}, "confidence-stop", {"threshold": 0.4, "gamma": 6}),
     ("AdaEDL", {"lam0": 0.5, "gamma": 6}, "adaedl", {"lam0": 0.5, "gamma": 6}),
     ("LearnedStop", {"threshold": 0.5, "gamma": 6}, "learned-stop", {"threshold": 0.5, "gamma": 6}),
@@ -72,7 +72,7 @@ def test_notebook_stop_tests_equal_the_package(notebook, entropy):
     for position in (0, 1, 3):
         step = SimpleNamespace(entropy=entropy, token_prob=math.exp(-entropy), position=position)
         for theta in (0.0, 1.0, 2.45, 3.0, 5.0):
-            assert notebook["entropy_stop"](step.entropy, theta) == policies.EntropyStop(tau=theta).stop_after(step)
+            assert notebook["entropy_stop"](step.entropy, theta) == policies.EntropyStop(theta=theta).stop_after(step)
         for h in (0.0, 0.05, 0.4, 0.9, 1.0):
             assert notebook["confidence_stop"](step.token_prob, h) == \
                 policies.ConfidenceStop(threshold=h, refit=False).stop_after(step)

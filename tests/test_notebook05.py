@@ -62,7 +62,7 @@ def test_notebook_pre_verify_returns_what_the_package_returns(notebook, k, tempe
 
 @pytest.mark.parametrize("level", ["model", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("make_policy", [lambda: HierarchyPolicy(gamma=6, max_small=3, tau1=3.0, tau2=3.0),
+@pytest.mark.parametrize("make_policy", [lambda: HierarchyPolicy(gamma=6, max_small=3, theta1=3.0, theta2=3.0),
                                          lambda: HierarchyPolicy(),
                                          lambda: NoLoopPolicy(gamma=5, max_small=3)])
 def test_notebook_proposer_decodes_like_the_package(notebook, models, level, temperature, make_policy):

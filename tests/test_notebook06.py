@@ -1,6 +1,6 @@
 """Notebook 06's teaching implementations, run straight out of the notebook: the tree walk must return the same
 tokens and accepted nodes as the package's `verify.verify_tree` (greedy; sampled with one-hot proposals and with
-proposals drawn from q; with top-p), and the KV gather must leave the same cache as `tree.gather_cache`."""
+proposals drawn from q; with top-p), and the KV gather must leave the same cache as `kv_cache.gather_cache`."""
 import random
 
 import pytest
@@ -9,7 +9,8 @@ import torch
 from specdec_utils.core import tree as trees
 from specdec_utils.core import verify
 from specdec_utils.core.engine import Sampler
-from specdec_utils.core.kv_cache import cache_length, trim_cache
+from specdec_utils.core.kv_cache import cache_length, gather_cache, trim_cache
+from specdec_utils.core.runner import forward_tree
 from specdec_utils.core.sampling import sample_token
 
 from conftest import random_model, random_prompt, teaching_namespace
@@ -92,10 +93,10 @@ def test_notebook_gather_equals_gather_cache(notebook, size, seed):
     keeps += [torch.nonzero(mask[i])[:, 0] for i in range(size)]                     # every root-to-node path
     for keep in keeps:
         with torch.no_grad():
-            ours = trees.forward_tree(model, prompt, nodes, parents, None)[1]
-            package = trees.forward_tree(model, prompt, nodes, parents, None)[1]
+            ours = forward_tree(model, prompt, nodes, parents, None)[1]
+            package = forward_tree(model, prompt, nodes, parents, None)[1]
             notebook["gather_path"](ours, prompt.shape[1], keep)
-            trees.gather_cache(package, prompt.shape[1], keep)
+            gather_cache(package, prompt.shape[1], keep)
         n = prompt.shape[1] + len(keep)
         assert cache_length(ours) == cache_length(package) == n
         for a, b in zip(ours.layers, package.layers):

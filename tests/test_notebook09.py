@@ -12,7 +12,10 @@ from specdec_utils.core.static_cache import StaticKVCache
 from conftest import random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "09_gpu_engine.ipynb"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def needs_cuda(test):
+    """Run on a CUDA GPU only (`make test-gpu`)."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+    return pytest.mark.cuda(skip(test))
 
 
 @pytest.fixture(scope="module")

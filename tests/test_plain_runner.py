@@ -148,6 +148,7 @@ def test_sampled_eagle_tree_through_the_padded_step_is_exact():
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_recorded_graphs_replay_the_padded_step():
     target = untied_target(64, 6)

@@ -386,6 +386,7 @@ def test_rejection_sample_rejects_bad_inputs(draft_shape, target_shape, tokens, 
         rejection_sample(torch.full(draft_shape, 0.1), torch.full(target_shape, 0.1), tokens)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_rejection_sample_gives_the_same_tokens_on_cuda():
     rows = torch.Generator().manual_seed(0)

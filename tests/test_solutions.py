@@ -130,8 +130,8 @@ def ch05():
 
 def test_ch05_tau2_sweep_variants_run_losslessly(ch05):
     from specdec_utils.tools import bench
-    variants = ch05.tau2_sweep((0.5, 2.0))
-    assert [v.params.get("tau2") for v in variants] == [0.5, 2.0, None, None]
+    variants = ch05.theta2_sweep((0.5, 2.0))
+    assert [v.params.get("theta2") for v in variants] == [0.5, 2.0, None, None]
     assert all(v.draft_small == "ngram" for v in variants[:3]) and variants[-1].method == "entropy-stop"
     target = random_model("tiny-llama", seed=0)
     middle = noisy_copy(target, noise=0.01, seed=1)
@@ -515,12 +515,12 @@ def test_ch05_states_its_answers_in_words(ch05):
 def test_ch05_tau2_sweep_is_judged_with_its_spread(ch05):
     records = []
     for prompt in range(6):
-        for label, seconds in (("ngram > draft-s tau2 0.5", 1.0), ("ngram > draft-s tau2 3", 2.0),
+        for label, seconds in (("ngram > draft-s theta2 0.5", 1.0), ("ngram > draft-s theta2 3", 2.0),
                                ("ngram > draft-s adaptive", 1.0 + 0.01 * (prompt % 2)), ("draft-s entropy-stop", 1.0)):
             records.append({"id": prompt, "method": label, "new_tokens": 64, "wall_s": seconds})
-    fast, slow = ch05.judge_tau2_sweep(records)
-    assert "tau2 0.5" in fast and "(a tie within the spread)" in fast
-    assert "tau2 3" in slow and "(slower)" in slow
+    fast, slow = ch05.judge_theta2_sweep(records)
+    assert "theta2 0.5" in fast and "(a tie within the spread)" in fast
+    assert "theta2 3" in slow and "(slower)" in slow
 
 
 def test_ch08_one_tile_kernel_matches_sdpa():

@@ -311,6 +311,7 @@ def test_a_cache_made_in_inference_mode_keeps_working_outside_it(pair):
     assert torch.equal(c, reference) and cache.length == 20
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_recorded_cuda_graphs_give_the_eager_tokens():
     """The real thing: steps recorded into CUDA graphs and replayed give the eager tokens, for the target

@@ -9,7 +9,9 @@ from specdec_utils import generate
 from specdec_utils.core import tree as trees
 from specdec_utils.core import tree_drafting, verify
 from specdec_utils.core.engine import Sampler
+from specdec_utils.core.kv_cache import gather_cache
 from specdec_utils.core.medusa import MedusaHeads, capture_hidden, load_heads
+from specdec_utils.core.runner import forward_tree
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
 
@@ -84,8 +86,8 @@ def test_one_tree_pass_equals_running_each_path_alone(tiny):
     for kind in ("random", "chain", "star"):
         parents = random_parents(12, rng, kind)
         nodes = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(2))
-        _, cache = trees.forward_tree(target, prompt[:, :6], nodes[:0], parents[:0], None, num_logits=1)
-        logits, cache = trees.forward_tree(target, prompt, nodes, parents, cache, num_logits=13)
+        _, cache = forward_tree(target, prompt[:, :6], nodes[:0], parents[:0], None, num_logits=1)
+        logits, cache = forward_tree(target, prompt, nodes, parents, cache, num_logits=13)
         mask = naive_mask(parents.tolist())
         for i in range(12):
             path = nodes[mask[i]]
@@ -99,8 +101,8 @@ def test_gather_keeps_the_accepted_path(tiny):
     prompt = torch.randint(3, 64, (1, 7), generator=torch.Generator().manual_seed(3))
     parents = torch.tensor([-1, -1, 0, 1, 3])
     nodes = torch.tensor([5, 6, 7, 8, 9])
-    _, cache = trees.forward_tree(target, prompt, nodes, parents, None, num_logits=6)
-    cache = trees.gather_cache(cache, 7, torch.tensor([1, 3, 4]))
+    _, cache = forward_tree(target, prompt, nodes, parents, None, num_logits=6)
+    cache = gather_cache(cache, 7, torch.tensor([1, 3, 4]))
     assert cache.get_seq_length() == 10
     out = target(input_ids=torch.tensor([[11]]), past_key_values=cache, use_cache=True).logits[0, -1]
     ref = target(input_ids=torch.cat([prompt, torch.tensor([[6, 8, 9, 11]])], 1)).logits[0, -1]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdec_utils import generate
-from specdec_utils.core import tree as trees
 from specdec_utils.core import tree_attention as ta
+from specdec_utils.core.runner import forward_tree
 
 pytestmark = pytest.mark.skipif(not ta.AVAILABLE, reason=ta.WHY or "triton unavailable")
 
@@ -165,8 +165,8 @@ def test_the_backend_runs_tree_verification_on_the_kernel(tiny, backend, monkeyp
     logits = {}
     for name in ("sdpa", backend):
         ta.use_backend(target, name)
-        _, cache = trees.forward_tree(target, prompt[:, :5], nodes[:0], parents[:0], None, num_logits=1)
-        logits[name], _ = trees.forward_tree(target, prompt, nodes, parents, cache, num_logits=9)
+        _, cache = forward_tree(target, prompt[:, :5], nodes[:0], parents[:0], None, num_logits=1)
+        logits[name], _ = forward_tree(target, prompt, nodes, parents, cache, num_logits=9)
     layers = target.config.num_hidden_layers  # per layer: the 5-token prefix pass (a chain), then the tree pass
     assert [shape[2] for shape in calls] == [5] * layers + [4 + 8] * layers  # 4 uncached committed + 8 nodes
     assert (logits["sdpa"] - logits[backend]).abs().max() < 1e-4

@@ -60,7 +60,7 @@ class EntropyStopBefore(EntropyStop):
     name = "entropy-stop-before"
 
     def __init__(self, theta: float, **kwargs):
-        super().__init__(tau0=theta, **kwargs)
+        super().__init__(theta0=theta, **kwargs)
         self.theta = theta  # fixed: an adaptive θ fed only by the tokens it lets through would only fall
 
     def stop_after(self, step) -> bool:

@@ -2,7 +2,7 @@
 
 Each exercise has code and, in `ANSWERS`, its answer in words; `python notebooks/solutions/ch05.py` prints the
 answers with the numbers the code computes (exercise 4 reads the n-gram table's committed training log). Exercise
-1's answer is a measurement: `judge_tau2_sweep` words it from your run's records, with the spread.
+1's answer is a measurement: `judge_theta2_sweep` words it from your run's records, with the spread.
 """
 import json
 from pathlib import Path
@@ -19,8 +19,8 @@ P_TOY = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02])   # noteb
 Q_TOY = torch.tensor([0.10, 0.35, 0.25, 0.05, 0.10, 0.05, 0.10, 0.00])   # and its toy draft
 
 ANSWERS = {
-    1: "Run `tau2_sweep()` with `bench.run_benchmark(..., drafts=models)` next to \"ar\" on training prompts "
-       "(tuning), then `judge_tau2_sweep(records)`: it words each fixed theta2 against the adaptive default and "
+    1: "Run `theta2_sweep()` with `bench.run_benchmark(..., drafts=models)` next to \"ar\" on training prompts "
+       "(tuning), then `judge_theta2_sweep(records)`: it words each fixed theta2 against the adaptive default and "
        "against the pair from a paired bootstrap over prompts. What to expect: a low theta2 (0.5 nats) rarely "
        "loops back, so it behaves like `hierarchical-noloop`; a high one (3 nats) loops back even when M2 is "
        "unsure and wastes drafts. The adaptive default is well placed when no fixed theta2 is faster outside the "
@@ -52,13 +52,13 @@ ANSWERS = {
 
 
 # Exercise 1 ------------------------------------------------------------------------------------
-def tau2_sweep(taus=(0.5, 1.0, 2.0, 3.0), small: str = "ngram", middle: str = "draft-s") -> list:
-    """Benchmark variants: `small` under `middle` with a fixed tau2 each (tau1 out of the way, M2's
+def theta2_sweep(taus=(0.5, 1.0, 2.0, 3.0), small: str = "ngram", middle: str = "draft-s") -> list:
+    """Benchmark variants: `small` under `middle` with a fixed theta2 each (theta1 out of the way, M2's
     rejection not ending the round), plus the adaptive default with the same rule, plus the best
     pair of notebook 04 (entropy-stop) with `middle`. Run them with `bench.run_benchmark(...,
     drafts=models)` next to "ar"."""
-    base = {"reject_ends_round": False, "tau1": 1e9}
-    variants = [bench.Variant(f"{small} > {middle} tau2 {tau:g}", "hierarchical", params={**base, "tau2": tau},
+    base = {"reject_ends_round": False, "theta1": 1e9}
+    variants = [bench.Variant(f"{small} > {middle} theta2 {tau:g}", "hierarchical", params={**base, "theta2": tau},
                               draft=middle, draft_small=small) for tau in taus]
     variants.append(bench.Variant(f"{small} > {middle} adaptive", "hierarchical",
                                   params={"reject_ends_round": False}, draft=middle, draft_small=small))
@@ -66,14 +66,14 @@ def tau2_sweep(taus=(0.5, 1.0, 2.0, 3.0), small: str = "ngram", middle: str = "d
     return variants
 
 
-def judge_tau2_sweep(records: list[dict], adaptive: str | None = None, pair: str | None = None) -> list[str]:
-    """One sentence per fixed theta2 of a `tau2_sweep` run: its speedup over the adaptive default and over the
+def judge_theta2_sweep(records: list[dict], adaptive: str | None = None, pair: str | None = None) -> list[str]:
+    """One sentence per fixed theta2 of a `theta2_sweep` run: its speedup over the adaptive default and over the
     pair, with the paired bootstrap interval over prompts and the word (faster / slower / a tie) from it."""
     labels = list(dict.fromkeys(r["method"] for r in records))
     adaptive = adaptive or next(m for m in labels if m.endswith("adaptive"))
     pair = pair or next(m for m in labels if m.endswith("entropy-stop"))
     out = []
-    for label in (m for m in labels if " tau2 " in m):
+    for label in (m for m in labels if " theta2 " in m):
         vs_default, vs_pair = report.speedup(records, label, adaptive), report.speedup(records, label, pair)
         out.append(f"{label}: {vs_default:.2fx} of the adaptive default ({report.verdict(vs_default)}), "
                    f"{vs_pair:.2fx} of {pair} ({report.verdict(vs_pair)})")

@@ -43,46 +43,25 @@ and the copy is a write, so the round still reads back once. The tree (`DeviceTr
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+import time
 
 import torch
 import torch.nn.functional as F
 
+from . import tree_attention
 from .checks import is_count, is_number, require
-from .engine import Sampler, _append_until_eos, _finished, as_id_set
-from .plain_llama import PlainLlama, check_plain_llama
-from .runner import attention_backends, record_cuda_graph
+from .engine import GenerationResult, RoundStats, Sampler, append_until_eos, as_id_set, finished
+from .graphs import GraphCache
+from .kv_cache import move_path
+from .plain_llama import PlainLlama, check_plain_llama, recompile_room
+from .runner import attention_backends
+from .sampling import accept_greedy, accept_sampled, draw
 
 CHUNK = 128  # capacity is rounded up to a multiple of this
 
 
-@dataclasses.dataclass
-class DeviceResult:
-    new_token_ids: list[int]
-    accepted: list[int]  # drafts accepted in each round (0..gamma)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def tau(self) -> float:
-        """New tokens per round (one target pass each): tokens a round made past the end (`max_new_tokens` or an
-        EOS) are not counted, as in the benchmark's records."""
-        return len(self.new_token_ids) / max(len(self.accepted), 1)
-
-
-def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of `probs` [n, V] (non-negative, any positive total): the token whose slice of the row's
-    cumulative distribution holds uniform * total, for `uniforms` [n] in [0, 1) (float64): the engine's
-    `sampling._inverse_cdf` as tensor operations, with no read back. A zero-probability token owns an empty slice,
-    so it is never drawn. Returns ids [n]."""
-    cdf = probs.double().cumsum(-1)
-    total = cdf[:, -1:]
-    # u * total can round up to the total itself: kept just below it, so that the token drawn has mass
-    where = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, where, right=True)[:, 0]
+sample_rows = draw  # one token per row from explicit uniforms: the engine's sampler (`sampling.draw`)
 
 
 def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +80,18 @@ def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             work = work.scatter(-1, i, float("-inf"))
     indices = torch.cat(indices, -1)
     return x.gather(-1, indices), indices
+
+
+def _compiling(method):
+    """Run a loop's entry point with dynamo's recompile limit raised for a compiled loop (its steps compile once per
+    shape; the default limit, 8, would leave later shapes eager), restored afterwards: nothing global changes."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with recompile_room(self.compiled):
+            return method(self, *args, **kwargs)
+    return run
 
 
 class DeviceLoop:
@@ -128,7 +119,6 @@ class DeviceLoop:
             raise ValueError(f"attention must be 'sdpa' (PyTorch's attention with a mask over the whole buffer) or "
                              f"'triton' (notebook 08's kernel, reading the prefix unmasked), got {attention!r}")
         if attention == "triton":
-            from . import tree_attention
             if not tree_attention.AVAILABLE:
                 raise ValueError(f"attention='triton' needs Triton: {tree_attention.WHY}")
         self.attention = attention
@@ -162,14 +152,12 @@ class DeviceLoop:
         self.draft = PlainLlama(draft, 1, CHUNK) if draft is not None else None
         self.taps = tuple(head.target_hidden) if head is not None else ()
         self.steps = {"verify": self._verify, "draft": self._draft_step, "head": self._head_step}
-        if self.compiled:
-            import torch._dynamo.config as dynamo_config
-            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-            setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
+        if self.compiled:  # (dynamo's recompile limit is raised while a loop runs: `recompile_room`)
             self.steps = {k: torch.compile(f, dynamic=False) for k, f in self.steps.items()}
         # what a generation runs and a graph records (the compiled steps inlined into it with "round")
         self.round_fn = torch.compile(self._round, dynamic=False, fullgraph=True) if compile == "round" else self._round
-        self.capacity, self.graph, self._pool = 0, None, None
+        self.capacity, self.graph = 0, None
+        self.recorded = GraphCache()  # the round's graph and its memory pool, dropped together with the buffers
         self._allocate(capacity)
 
     def set_gamma(self, gamma: int) -> None:
@@ -209,12 +197,12 @@ class DeviceLoop:
                 self.logits0 = weight.new_zeros(1, head.draft_vocab)
         self.cols = torch.arange(capacity, device=device)
         if self.attention == "triton":  # the target's pass reads its rows' block mask and the prefix unmasked
-            from .tree_attention import block_splits
             self.causal = torch.ones(self.span, self.span, dtype=torch.bool, device=device).tril()
-            self.splits = block_splits(capacity, self.span, self.target.kv_heads, device)
+            self.splits = tree_attention.block_splits(capacity, self.span, self.target.kv_heads, device)
         self.head_cols = torch.arange(capacity + self.scratch, device=device)
         self.offsets = torch.arange(self.gamma + 2, device=device)
-        self.graph = None  # recorded on the old buffers
+        self.graph = None  # recorded on the old buffers: the graph and its pool go
+        self.recorded.invalidate()
 
     # ------------------------------------------------------------------ the steps (compiled with compile=True)
     def _visible(self, rows):
@@ -316,23 +304,13 @@ class DeviceLoop:
         return torch.cat(drafted), (torch.cat(qs) if self.sampled else None)
 
     def _accept(self, drafts, q, target):
-        """(n, the target's token after the n leading drafts it keeps [1]). Greedy: `target` is its argmax at each
-        verified row [gamma + 1]; a draft is kept while it equals it, and the argmax after them follows. Sampled:
-        `target` is p [gamma + 1, V] and `q` [gamma, V] what the drafts were drawn from (notebook 02's rule, see the
-        module docstring)."""
-        g = self.gamma
+        """(n, the target's token after the n leading drafts it keeps [1]): the engine's own acceptance functions.
+        Greedy: `target` is its argmax at each verified row [gamma + 1] (`sampling.accept_greedy`). Sampled:
+        `target` is p [gamma + 1, V], `q` [gamma, V] what the drafts were drawn from, and the round's last gamma + 1
+        uniforms decide (`sampling.accept_sampled`, notebook 02's rule)."""
         if not self.sampled:
-            n = (drafts == target[:g]).long().cumprod(0).sum()  # leading drafts the target agrees with
-            return n, target.gather(0, n.view(1))
-        u, column = self.uniforms, drafts[:, None]
-        q = target[:0] if q is None else q  # (gamma 0: nothing drafted)
-        kept = u[g:2 * g] * q.gather(1, column)[:, 0] < target[:g].gather(1, column)[:, 0]  # min(1, p/q), no division
-        n = kept.long().cumprod(0).sum()
-        q_rows = torch.cat([q, torch.zeros_like(target[:1])])  # q_gamma = 0: after every draft kept, p_gamma itself
-        p_n, q_n = target.index_select(0, n.view(1)), q_rows.index_select(0, n.view(1))
-        rest = (p_n - q_n).clamp(min=0)
-        rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, p_n)  # an empty residual: p itself (the engine's rule)
-        return n, sample_rows(rest, u[2 * g:])
+            return accept_greedy(drafts, target)
+        return accept_sampled(drafts, target[:0] if q is None else q, target, self.uniforms[self.gamma:])
 
     def _round(self):
         g, L = self.gamma, self.L
@@ -382,6 +360,7 @@ class DeviceLoop:
                 self.logits0.copy_(logits[-1:])
 
     @torch.no_grad()
+    @_compiling
     def prepare(self) -> None:
         """Record (and compile) the round now, on a dummy prompt, so that no timed generation pays for it (on the
         CPU, a compiled round is run once: it compiles for these buffers and this gamma)."""
@@ -400,13 +379,14 @@ class DeviceLoop:
         if needed > self.capacity:
             self._allocate(needed)
         self._begin(torch.zeros(8, dtype=torch.long, device=self.device))
-        self._pool = torch.cuda.graph_pool_handle()  # a pool of its own: an earlier recording's may still be held
         with attention_backends(self.device):
-            self.graph, _ = record_cuda_graph(self.round_fn, self._pool, warmups=warmups)
+            self.graph, _ = self.recorded.record(self.round_fn, warmups=warmups)
+        self.recorded["round"] = self.graph
 
     @torch.no_grad()
+    @_compiling
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None,
-                 generator: torch.Generator | None = None) -> DeviceResult:
+                 generator: torch.Generator | None = None) -> GenerationResult:
         """Decode one prompt (`input_ids` [1, P] or [P], P >= 2), greedy or sampled as the loop was built: stops
         after `max_new_tokens` tokens or after an EOS token, like `generate`. A sampled loop draws its uniforms from
         `generator` (a CPU `torch.Generator`; None: torch's global one)."""
@@ -426,9 +406,10 @@ class DeviceLoop:
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         self.prepare()
+        start = time.perf_counter()
         self._begin(ids)
         new, accepted = [], []
-        while not _finished(new, max_new_tokens, eos):
+        while not finished(new, max_new_tokens, eos):
             if self.sampled:  # this round's draws, written into the buffer the round reads
                 self.uniforms.copy_(torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64))
             if self.graph is not None:
@@ -438,8 +419,24 @@ class DeviceLoop:
                 out = self.round_fn().tolist()
             n = out[0]
             accepted.append(n)
-            _append_until_eos(new, out[1:n + 2], eos)
-        return DeviceResult(new[:max_new_tokens], accepted)
+            append_until_eos(new, out[1:n + 2], eos)
+        return self._result(new[:max_new_tokens], accepted, time.perf_counter() - start)
+
+    def _result(self, new: list[int], accepted: list[int], wall_s: float) -> GenerationResult:
+        """The engine's result type: one `RoundStats` per round (every round drafts gamma tokens; the last one's
+        tokens past the end are not counted), target passes = rounds + the prefill's; a head's or a draft's passes:
+        gamma a round (a head's catch-up step included). Times per part are not
+        measured inside a replayed round (0)."""
+        g, left, rounds = self.gamma, len(new), []
+        drafted = getattr(self, "nodes", g)  # a tree verifies its nodes; a chain its gamma drafts
+        for n in accepted:
+            made = min(n + 1, left)
+            left -= made
+            rounds.append(RoundStats(g, drafted, n, "gamma" if g else "no draft", g, made, 0.0, 0.0, 0.0))
+        per_position = [sum(n > i for n in accepted) for i in range(g)]
+        return GenerationResult(new, target_calls=len(accepted) + 1, draft_calls=g * len(accepted),
+                                drafted=drafted * len(accepted), accepted=sum(accepted),
+                                accepted_per_position=per_position, wall_s=wall_s, rounds=rounds, method=self.method)
 
     @torch.no_grad()
     def _parts(self) -> dict:
@@ -452,6 +449,7 @@ class DeviceLoop:
         return parts
 
     @torch.no_grad()
+    @_compiling
     def anatomy(self, repeats: int = 200, parts: bool = True) -> dict:
         """GPU milliseconds of one round and of its parts, each replayed `repeats` times back to back (CUDA events
         around all the replays): the round (the generation's own graph), its drafting and the target's pass (a graph
@@ -465,11 +463,11 @@ class DeviceLoop:
         self._begin(prompt)
         graphs = {"round": self.graph}
         with attention_backends(self.device):
-            pool = torch.cuda.graph_pool_handle()
+            timed = GraphCache()  # the parts' graphs, in a pool of their own
             for name, step in (self._parts() if parts else {}).items():
                 if self.compile_mode == "round" and name == "draft":  # fused as it is inside the compiled round
                     step = torch.compile(step, dynamic=False, fullgraph=True)
-                graphs[name], _ = record_cuda_graph(step, pool, warmups=3 if self.compiled else 1)
+                graphs[name], _ = timed.record(step, warmups=3 if self.compiled else 1)
         out = {}
         for name, graph in graphs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -620,9 +618,8 @@ class DeviceTreeLoop(DeviceLoop):
         path = on_path.float().argmax(-1)  # [D]
         self.tokens.index_copy_(0, L + self.offsets[:D], nodes[path])
         self.tokens.index_copy_(0, L + n, bonus)
-        core = self.target
-        for buffer in (core.keys, core.values):  # the path's keys and values to slots L .. L+D-1
-            buffer.index_copy_(3, L + self.offsets[:D], buffer.index_select(3, L + path))
+        for buffer in (self.target.keys, self.target.values):  # the path's keys and values to slots L .. L+D-1
+            move_path(buffer, 3, L, path)
         rows = L - 1 + self.offsets[:D + 1]  # the root and the path's nodes, now at positions L - 1 .. L + D - 1
         return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])))
 
@@ -637,3 +634,52 @@ class DeviceTreeLoop(DeviceLoop):
         mask = self.causal[:self.nodes + 1, :self.nodes + 1] if self.attention == "triton" else \
             self.cols[None] <= rows[:, None]
         return {"verify": lambda: self.steps["verify_tree"](ids, rows, rows, mask), "draft": lambda: self._grow(self.L)}
+
+
+class DeviceExecutor:
+    """`generate`'s recorded executor: `generate(target, ids, n, method=..., executor=DeviceExecutor())` runs the
+    method's rounds on the device (`DeviceLoop`, `DeviceTreeLoop`: a round recorded as one CUDA graph on a GPU, op by
+    op elsewhere) instead of the engine's host loop, with the same acceptance and sampling functions and the same
+    result type. Methods whose rounds have one fixed shape run here: `ar`, `draft` (and its names `greedy`,
+    `sampling`), `eagle-chain`, and `eagle` (greedy, no pruning); the others (a policy that stops mid-round, a
+    hierarchy, Medusa, a draft's tree) are refused in one line. The executor keeps one loop per (method, models,
+    shape, sampling settings), so a second call replays what the first recorded; `graphs`, `compile`, `attention`
+    and `capacity` are `DeviceLoop`'s options."""
+
+    METHODS = ("ar", "draft", "eagle-chain", "eagle")
+
+    def __init__(self, graphs: bool | None = None, compile: bool | str = False, attention: str = "sdpa",
+                 capacity: int = 512):
+        self.options = {"graphs": graphs, "compile": compile, "attention": attention, "capacity": capacity}
+        self.loops: dict = {}
+
+    def run(self, method: str, name: str, target, draft, head, policy, input_ids, max_new_tokens: int,
+            sampler: Sampler, eos_ids: set, generator) -> GenerationResult:
+        """Called by `generate` (`method`: the registered name, `name`: the one asked for) with its checked
+        arguments, the method's models and its policy."""
+        from .eagle import EagleChainPolicy, EaglePolicy  # (the method families; eagle does not import this module)
+        from .policies import DraftingPolicy
+        fixed = {"ar": DraftingPolicy, "draft": DraftingPolicy, "eagle-chain": EagleChainPolicy, "eagle": EaglePolicy}
+        if method not in self.METHODS or type(policy) is not fixed[method]:
+            raise ValueError(f"the device executor runs rounds of one fixed shape: methods {', '.join(self.METHODS)} "
+                             f"with their own policy; {name!r} runs on the engine (leave out executor=...)")
+        options = dict(self.options)
+        if method == "eagle":
+            if not sampler.greedy or policy.prune != "none":
+                raise ValueError("the device executor runs EAGLE's tree greedy and unpruned (temperature 0, "
+                                 "prune='none'); a sampled or pruned tree runs on the engine")
+            key = (method, target, head, policy.gamma, policy.width, policy.tree_nodes)
+            make = lambda: DeviceTreeLoop(target, head, depth=policy.gamma, topk=policy.width,  # noqa: E731
+                                          nodes=policy.tree_nodes, **options)
+        else:
+            gamma = 0 if method == "ar" else policy.gamma
+            models = {"draft": draft if method == "draft" else None, "head": head if method == "eagle-chain" else None}
+            key = (method, target, models["draft"], models["head"], gamma, sampler)
+            make = lambda: DeviceLoop(target, gamma=gamma, temperature=sampler.temperature,  # noqa: E731
+                                      top_k=sampler.top_k, top_p=sampler.top_p, **models, **options)
+        loop = self.loops.get(key)
+        if loop is None:
+            loop = self.loops[key] = make()
+        result = loop.generate(input_ids, max_new_tokens, eos_token_id=eos_ids, generator=generator)
+        result.method = name
+        return result

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from pathlib import Path
 
 import torch
@@ -44,11 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import MODELS_DIR
+from ..utils import require_data
 from .checks import is_count, require
 from .engine import DraftStep, Proposal
+from .graphs import GraphCache
 from .hidden import final_norm
 from .policies import DraftingPolicy
-from .runner import record_cuda_graph
 from .sampling import sample_token
 from .tree import depths, prune_keep, subtree
 from .tree_drafting import DraftTreePolicy, _entropy_frac
@@ -135,10 +137,29 @@ class EagleHead(nn.Module):
         self.to(device=target.device, dtype=next(target.parameters()).dtype)
         self.name, self.trained_steps, self.log = "untrained", 0, {}
 
+    def _apply(self, fn, recurse=True):
+        """`to`, `cuda`, `half`, ... move the rotary frequencies but keep them float32 whatever the head's dtype (the
+        angles positions x inv_freq are computed in float32; bf16 frequencies would be off by up to 0.4%)."""
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = inv_freq.to(device=self.inv_freq.device)  # the float32 values, never rounded
+        return self
+
     # ------------------------------------------------------------------ borrowed parts
     @property
     def target(self):
-        return self._target[0]
+        target = self._target[0]
+        if isinstance(target, weakref.ref):
+            target = target()
+            if target is None:
+                raise RuntimeError("this EAGLE head's target was freed (a cached head holds its target weakly)")
+        return target
+
+    def hold_target_weakly(self) -> None:
+        """Hold the target through a weak reference (a head cached per target object, `methods._eagle_head`: the
+        cache must not keep the target alive)."""
+        self._target = [weakref.ref(self.target)]
 
     @property
     def target_hidden(self) -> tuple[int, ...]:
@@ -277,6 +298,7 @@ def load_eagle(name_or_path, target) -> EagleHead:
     from safetensors.torch import load_file
     path = Path(name_or_path)
     if not path.exists():
+        require_data()
         path = MODELS_DIR / str(name_or_path)
     if not (path / "head.safetensors").exists():
         raise ValueError(f"no EAGLE head at {name_or_path} (a folder with head.safetensors and config.json, or a "
@@ -352,8 +374,7 @@ class EagleProposer:
         self.head, self.tree = head, tree
         self.graphs = head.q.weight.device.type == "cuda" if graphs is None else bool(graphs)
         self.cache, self.pending, self.fed = _HeadCache(), None, 0
-        self._graphs: dict = {}
-        self._pool = None
+        self._graphs = GraphCache()  # (budget, own, width, capacity) -> _HeadGraph, and their pool
 
     @property
     def target_hidden(self):
@@ -389,7 +410,7 @@ class EagleProposer:
         n, start, device = tokens.shape[0], self.cache.length, tokens.device
         budget = next((b for b in GRAPH_BUDGETS if b >= n), None) if self.graphs else None
         if self.cache.reserve(self.head, start + (budget or n) + 1):
-            self._graphs.clear()
+            self._graphs.invalidate()  # recorded on the old buffers: the graphs and their pool go
         if budget is None:
             slots = torch.arange(start, start + n, device=device)
             h, logits = self._layer(features, tokens, positions, slots, allowed, own)
@@ -421,9 +442,7 @@ class EagleProposer:
         def run():
             return self._layer(graph.features, graph.ints[0], graph.ints[1], graph.ints[2], graph.mask, own)
         if graph.graph is None:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph.graph, graph.outputs = record_cuda_graph(run, self._pool)  # its warm-up writes the replay's slots
+            graph.graph, graph.outputs = self._graphs.record(run)  # its warm-up writes the replay's slots
         graph.graph.replay()
         h, logits = graph.outputs
         return h[:n].clone(), logits[:n].clone()

@@ -70,7 +70,8 @@ class GenerationResult:
     `target_calls` and `draft_calls` count forward passes (the prefill included); `drafted` and
     `accepted` count draft tokens proposed and accepted by the target, and
     `accepted_per_position[i]` how often draft position i (0-based) was accepted. `rounds` holds one
-    `RoundStats` per target pass (empty for methods that run outside the engine).
+    `RoundStats` per target pass that verified drafts (empty for methods that run outside the engine). The
+    engine and the device loop (`device_loop.DeviceLoop`) return this one type.
     """
     new_token_ids: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -91,6 +92,17 @@ class GenerationResult:
     def tokens_per_target_call(self) -> float:
         """New tokens per target forward pass: 1 for plain decoding, up to gamma + 1."""
         return len(self.new_token_ids) / self.target_calls if self.target_calls else float("nan")
+
+    @property
+    def accepted_per_round(self) -> list[int]:
+        """Drafts the target accepted in each round."""
+        return [r.accepted for r in self.rounds]
+
+    @property
+    def tokens_per_round(self) -> float:
+        """New tokens per drafting round (one verifying target pass each), the prefill's pass left out: the papers'
+        acceptance length. (`tokens_per_target_call` counts the prefill's pass too.)"""
+        return len(self.new_token_ids) / len(self.rounds) if self.rounds else float("nan")
 
     def round_sums(self) -> dict:
         """Sums over `rounds` (what the bench JSON records): time per part and stop reasons."""
@@ -284,7 +296,7 @@ class DraftModelProposer:
 
     def rollback(self, committed: int) -> None:
         # After a fully accepted round the draft's cache lacks its last proposal: keep what it has.
-        self.runner.rollback(committed)
+        self.runner.keep_at_most(committed)
 
     def runners(self) -> tuple:
         """The runners (caches) this proposer owns; the loop checks that no two models share one."""
@@ -320,7 +332,7 @@ def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_
     vocab = _vocab_size(target.model)
     hidden = getattr(proposer, "target_hidden", "norm") if getattr(proposer, "needs_target_hidden", False) else None
     start = time.perf_counter()
-    while not _finished(result.new_token_ids, max_new_tokens, eos_ids):
+    while not finished(result.new_token_ids, max_new_tokens, eos_ids):
         t0 = time.perf_counter()
         gamma = policy.round_gamma()
         room = max_new_tokens - len(result.new_token_ids) - 1  # k drafts + 1 target token
@@ -342,7 +354,7 @@ def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_
         t2 = time.perf_counter()
 
         n_accepted = len(verdict.tokens) - 1
-        kept = _append_until_eos(result.new_token_ids, verdict.tokens, eos_ids)
+        kept = append_until_eos(result.new_token_ids, verdict.tokens, eos_ids)
         tokens = torch.cat([tokens, tokens.new_tensor([kept])], dim=1)
         committed = tokens.shape[1] - 1  # the newest token is in no cache yet
         target.commit(prefix, verdict.path[:len(kept)], committed)
@@ -392,7 +404,7 @@ def _check_vocab(proposal: Proposal, vocab: int | None) -> None:
                          f"{largest}, which the target's embedding table (size {vocab}) does not hold")
 
 
-def _append_until_eos(new_token_ids: list[int], tokens: list[int], eos_ids: set[int]) -> list[int]:
+def append_until_eos(new_token_ids: list[int], tokens: list[int], eos_ids: set[int]) -> list[int]:
     """Append `tokens` to `new_token_ids`, stopping after the first EOS; return what was kept."""
     kept = []
     for token in tokens:
@@ -403,7 +415,7 @@ def _append_until_eos(new_token_ids: list[int], tokens: list[int], eos_ids: set[
     return kept
 
 
-def _finished(new_token_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+def finished(new_token_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
     return len(new_token_ids) >= max_new_tokens or bool(new_token_ids and new_token_ids[-1] in eos_ids)
 
 

@@ -3,14 +3,14 @@
 Levels, fastest first: M1 (`small`: a small draft, or the zero-cost `ngram.NgramDraft`), M2
 (`middle`: a stronger draft), Mp (the target, run by the engine). One engine round:
 
-1. M1 drafts a few tokens, stopping early when its own entropy exceeds tau1 (self-verify,
+1. M1 drafts a few tokens, stopping early when its own entropy exceeds theta1 (self-verify,
    notebook 04) or when it has nothing to say (an n-gram table with no match).
 2. M2 **pre-verifies** them in one forward: greedy matching, or rejection sampling with M1's
    distributions as the proposal, then adds one token of its own (its correction at the first
    rejection, or its bonus token). Every token that survives is therefore an exact sample from
    M2 (notebook 02's theorem, one level down), and M2's distribution at it is known.
 3. **Loop-back**: if M2 accepted all of M1's tokens and is itself confident about the token it
-   added (its entropy <= tau2), go back to 1 from the new end. Otherwise (M2 rejected one of M1's
+   added (its entropy <= theta2), go back to 1 from the new end. Otherwise (M2 rejected one of M1's
    tokens, or is unsure, or the round is full) stop.
 4. The pending tokens go to the target as one proposal whose distributions are **M2's**; the
    engine verifies them in one target pass (greedy matching, or rejection sampling), unchanged.
@@ -20,9 +20,9 @@ length chosen by a stopping rule that looks only at what was produced before (M2
 entropies, M2's verdicts); that is all the target's rejection sampling needs (notebook 04,
 section 2). Greedy: every pending token the target keeps equals its argmax.
 
-Thresholds are HSDDW's: tau1 is the running mean of M1's entropy at the tokens M2 rejected, tau2
+Thresholds are HSDDW's: theta1 is the running mean of M1's entropy at the tokens M2 rejected, theta2
 the running mean of M2's entropy at the tokens the target rejected (one per rejection), both
-starting at `tau*_0` (0 in HSDDW's code: one token per level until the first rejection).
+starting at `theta*_0` (0 in HSDDW's code: one token per level until the first rejection).
 `hierarchical-noloop` skips step 3: one pre-verification per round, "pre-verify + self-verify".
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .checks import is_number as _number
 from .checks import require
 from .engine import DraftModelProposer, DraftStep, Proposal
 from .ngram import NgramDraft
-from .policies import DraftingPolicy
+from .policies import DraftingPolicy, refuse_renamed
 from .runner import as_runner
 from .sampling import rejection_sample, sample_token
 from .verify import greedy_verify
@@ -42,29 +42,32 @@ from .verify import greedy_verify
 
 class HierarchyPolicy(DraftingPolicy):
     """How much each level drafts. `gamma` caps the pending tokens of a round (M1's and M2's
-    together), `max_small` M1's tokens per pre-verification; tau1 / tau2 are fixed numbers (nats),
-    or None for HSDDW's adaptive running means starting at tau1_0 / tau2_0. With
+    together), `max_small` M1's tokens per pre-verification; theta1 / theta2 are fixed entropy thresholds (nats),
+    or None for HSDDW's adaptive running means starting at theta1_0 / theta2_0. With
     `reject_ends_round=False` (not HSDDW's rule) a round goes on after M2 corrects M1, as long as M2
     is confident in its correction: M2's verdict on M1 then says nothing about M2's own tokens."""
     name = "hierarchical"
     reason = "middle unsure"  # the round stop that shows the loop-back rule at work
     loop_back = True
+    renamed = {"tau1": "theta1", "tau2": "theta2", "tau1_0": "theta1_0", "tau2_0": "theta2_0"}  # the names before
 
-    def __init__(self, gamma: int = 10, max_small: int = 4, tau1: float | None = None,
-                 tau2: float | None = None, tau1_0: float = 0.0, tau2_0: float = 0.0, reject_ends_round: bool = True):
+    def __init__(self, gamma: int = 10, max_small: int = 4, theta1: float | None = None,
+                 theta2: float | None = None, theta1_0: float = 0.0, theta2_0: float = 0.0,
+                 reject_ends_round: bool = True, **renamed):
+        refuse_renamed(type(self).__name__, renamed, self.renamed)
         super().__init__(gamma)
         max_gamma = gamma
         require("reject_ends_round", reject_ends_round, isinstance(reject_ends_round, bool), "True or False")
         self.reject_ends_round = reject_ends_round
         require("max_small", max_small, _count(max_small, 0), "an integer >= 0")
-        for name, value in (("tau1", tau1), ("tau2", tau2)):
+        for name, value in (("theta1", theta1), ("theta2", theta2)):
             require(name, value, value is None or _number(value, 0), "a number >= 0 (nats) or None (adaptive)")
-        for name, value in (("tau1_0", tau1_0), ("tau2_0", tau2_0)):
+        for name, value in (("theta1_0", theta1_0), ("theta2_0", theta2_0)):
             require(name, value, _number(value, 0), "a number >= 0 (nats)")
         self.max_gamma, self.max_small = max_gamma, max_small
-        self.adaptive1, self.adaptive2 = tau1 is None, tau2 is None
-        self.tau1 = tau1_0 if tau1 is None else tau1
-        self.tau2 = tau2_0 if tau2 is None else tau2
+        self.adaptive1, self.adaptive2 = theta1 is None, theta2 is None
+        self.theta1 = theta1_0 if theta1 is None else theta1
+        self.theta2 = theta2_0 if theta2 is None else theta2
         self.rejected1: list[float] = []  # M1's entropy where M2 rejected
         self.rejected2: list[float] = []  # M2's entropy where the target rejected
 
@@ -72,22 +75,22 @@ class HierarchyPolicy(DraftingPolicy):
         return self.max_gamma
 
     def stop_after(self, step) -> bool:  # M1's self-verify: propose the token, then stop if unsure
-        return step.entropy > self.tau1
+        return step.entropy > self.theta1
 
     def middle_rejected(self, entropy: float) -> None:
         """M2 rejected a token M1 drafted with this entropy (nats): an event the policy learns from."""
         self.rejected1.append(entropy)
         if self.adaptive1:
-            self.tau1 = sum(self.rejected1) / len(self.rejected1)
+            self.theta1 = sum(self.rejected1) / len(self.rejected1)
 
     def middle_unsure(self, entropy: float) -> bool:
-        return entropy > self.tau2
+        return entropy > self.theta2
 
     def observe(self, stats) -> None:
         if stats.accepted < stats.drafted:  # the target rejected pending token number `accepted`
             self.rejected2.append(stats.detail["middle_entropies"][stats.accepted])
             if self.adaptive2:
-                self.tau2 = sum(self.rejected2) / len(self.rejected2)
+                self.theta2 = sum(self.rejected2) / len(self.rejected2)
 
 
 class NoLoopPolicy(HierarchyPolicy):
@@ -110,7 +113,7 @@ class HierarchicalProposer:
     def rollback(self, committed: int) -> None:
         if not self.is_ngram:
             self.small.rollback(committed)
-        self.middle.rollback(committed)
+        self.middle.keep_at_most(committed)  # a token M2 itself proposed is not in its cache: keep what it has
 
     def runners(self) -> tuple:
         return (self.middle,) if self.is_ngram else (self.middle, *self.small.runners())

@@ -6,8 +6,13 @@ transformers' `DynamicCache` is cropped with a negative count ("remove n positio
 that is the same on every supported version (`compat.crop_cache`, tested in tests/test_compat.py); a
 rollback of zero positions never reaches it (`crop(0)` empties a cache in the legacy API). The toy
 models of the exactness tests keep legacy tuples, which are sliced.
+
+After a token tree's verification (notebook 06), `gather_cache` moves the accepted path's keys and values into
+place right after the prefix and drops the rest: no recomputation.
 """
 from __future__ import annotations
+
+import torch
 
 from ..compat import crop_cache
 
@@ -46,3 +51,25 @@ def trim_cache(cache, length: int):
         raise RuntimeError(f"cache rollback failed: expected {length} positions, "
                            f"found {cache_length(cache)} ({type(cache).__name__})")
     return cache
+
+
+def move_path(buffer: torch.Tensor, dim: int, start, path: torch.Tensor) -> None:
+    """The KV commit of a token tree, in place: the entries at slots `start + path` (the accepted nodes, in order)
+    move to slots `start .. start + len(path) - 1` along `dim` of `buffer`. `start` is an int or a one-element tensor
+    (the device loop's, never read back). The one copy used by every cache: a transformers cache layer
+    (`gather_cache`), the plain Llama's buffers (`plain_llama.PlainRunner.commit`) and the device tree's round."""
+    offsets = torch.arange(path.shape[0], device=buffer.device)
+    buffer.index_copy_(dim, start + offsets, buffer.index_select(dim, start + path.to(buffer.device)))
+
+
+def gather_cache(cache, prefix: int, keep: torch.Tensor):
+    """Keep the first `prefix` positions of `cache` followed by positions `prefix + keep`
+    (the accepted path's nodes, in order), moved into place; drop everything after. Returns it."""
+    k = len(keep)
+    if k and not bool((keep == torch.arange(k, device=keep.device)).all()):  # already in place otherwise
+        if isinstance(cache, tuple):
+            raise ValueError("gather_cache needs a transformers Cache object, not a legacy tuple")
+        for layer in cache.layers:
+            for buffer in (layer.keys, layer.values):  # [batch, heads, positions, head_dim]
+                move_path(buffer, buffer.dim() - 2, prefix, keep)
+    return trim_cache(cache, prefix + k)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import MODELS_DIR
+from ..utils import require_data
 from .hidden import capture_hidden, final_norm  # noqa: F401 (the heads' hook, re-exported for the trainer)
 
 HEADS_NAME = "medusa-heads"
@@ -107,6 +108,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
     from safetensors.torch import load_file
     path = Path(name_or_path)
     if not path.exists():
+        require_data()
         path = MODELS_DIR / str(name_or_path)
     if not (path / "heads.safetensors").exists():
         raise ValueError(f"no Medusa heads at {name_or_path} (a folder with heads.safetensors and config.json, or a "

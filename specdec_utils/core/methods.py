@@ -8,7 +8,7 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | method | proposer | policy | default gamma |
 |---|---|---|---|
 | `ar` | none: the target alone | - | - |
-| `greedy`, `sampling` | the draft model | fixed gamma (the temperature decides greedy or sampled) | 4 |
+| `draft` | the draft model | fixed gamma (the temperature decides greedy or sampled) | 4 |
 | `adaptive-hf` | the draft model | HF's heuristic, from `start` (notebook 03) | no cap |
 | `adaptive-dual` | the draft model | acceptance and entropy, from `start` (notebook 03) | 8 |
 | `oracle` | the draft model | knows the target's greedy answer (greedy only) | 16 |
@@ -19,11 +19,13 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | `eagle-chain` | an EAGLE head on the target's features: a chain | fixed gamma (notebook 07) | 5 |
 | `eagle` | an EAGLE head grows EAGLE-2's dynamic tree | width, size (notebook 07) | 6 |
 
-`register(Method(...))` adds a method of your own.
+`register(Method(...))` adds a method of your own. `greedy` and `sampling`, the names `draft` had before, still
+work (`ALIASES`; a result keeps the name it was asked by, as the benchmarks record it).
 """
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,20 +93,22 @@ def _draft_tree(models, what):
     return tree_drafting.DraftTreeProposer(draft)
 
 
-_SHIPPED_EAGLE: dict = {}  # id(target) -> (target, the shipped head loaded for it)
+# target -> the shipped head loaded for it; the head holds its target weakly, so the entry goes with the target
+_SHIPPED_EAGLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _eagle_head(models, what):
     head, target = models["eagle"], _model(models["target"])
     if head is None:  # the shipped head, loaded once per target object
-        cached = _SHIPPED_EAGLE.get(id(target))
-        if cached is None or cached[0] is not target:
+        head = _SHIPPED_EAGLE.get(target)
+        if head is None:
             try:
-                _SHIPPED_EAGLE[id(target)] = cached = (target, eagle_heads.load_eagle(eagle_heads.EAGLE_NAME, target))
+                head = eagle_heads.load_eagle(eagle_heads.EAGLE_NAME, target)
             except ValueError as err:
                 raise ValueError(f"{what}: {err}; for another target pass eagle=... (an untrained head: "
                                  f"specdec_utils.core.eagle.eagle_head_for(target))") from None
-        head = cached[1]
+            head.hold_target_weakly()  # a value holding its key strongly would keep the entry forever
+            _SHIPPED_EAGLE[target] = head
     if not isinstance(head, eagle_heads.EagleHead):
         raise ValueError(f"{what} needs eagle=... an EAGLE head (specdec_utils.core.eagle.load_eagle('eagle-head', "
                          f"target) or eagle_head_for(target)), got {type(head).__name__}")
@@ -144,8 +148,7 @@ def register(method: Method) -> Method:
 
 for _method in (
     Method("ar", lambda models, what: NoDraft(), policies.DraftingPolicy),
-    Method("greedy", _draft_model, policies.DraftingPolicy, DRAFT),
-    Method("sampling", _draft_model, policies.DraftingPolicy, DRAFT),
+    Method("draft", _draft_model, policies.DraftingPolicy, DRAFT),
     Method("adaptive-hf", _draft_model, policies.HeuristicGamma, DRAFT),
     Method("adaptive-dual", _draft_model, policies.DualSignalGamma, DRAFT),
     Method("oracle", _draft_model, policies.Oracle, DRAFT, greedy_only=True),
@@ -163,6 +166,7 @@ for _method in (
     register(_method)
 
 METHODS = tuple(REGISTRY)
+ALIASES = {"greedy": "draft", "sampling": "draft"}  # the names before: one method with a temperature
 GREEDY_ONLY = tuple(name for name, m in REGISTRY.items() if m.greedy_only)
 HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
 TREES = ("medusa", "draft-tree", "eagle")
@@ -179,13 +183,14 @@ def method_for_policy(policy: policies.DraftingPolicy) -> Method:
 
 def policy_parameters(method: str) -> list[str]:
     """The parameters a method's policy takes through `params` (gamma comes separately)."""
-    signature = inspect.signature(REGISTRY[method].policy.__init__)
-    return [name for name in signature.parameters if name not in ("self", "gamma")]
+    signature = inspect.signature(REGISTRY[ALIASES.get(method, method)].policy.__init__)
+    return [name for name, p in signature.parameters.items()
+            if name not in ("self", "gamma") and p.kind is not inspect.Parameter.VAR_KEYWORD]
 
 
 def default_gamma(method: str):
     """The method's gamma when none is given (None: no cap)."""
-    return inspect.signature(REGISTRY[method].policy.__init__).parameters["gamma"].default
+    return inspect.signature(REGISTRY[ALIASES.get(method, method)].policy.__init__).parameters["gamma"].default
 
 
 def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies.DraftingPolicy:
@@ -193,12 +198,16 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
     params = dict(params or {})
     allowed = policy_parameters(method)
     unknown = sorted(set(params) - set(allowed))
+    renamed = getattr(REGISTRY[ALIASES.get(method, method)].policy, "renamed", {})
+    if unknown and unknown[0] in renamed:
+        raise ValueError(f"the parameter {unknown[0]!r} of method {method!r} is now {renamed[unknown[0]]!r} (an "
+                         f"entropy threshold, in nats; tau names tokens per target pass)")
     if unknown:
         raise ValueError(f"unknown parameter {unknown[0]!r} for method {method!r}; allowed: "
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
-    policy_class = REGISTRY[method].policy
+    policy_class = REGISTRY[ALIASES.get(method, method)].policy
     return policy_class(**params) if gamma is None else policy_class(**params, gamma=gamma)
 
 
@@ -209,9 +218,10 @@ def make_verifier(policy) -> Verifier:
     return Verifier()
 
 
-def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None, draft_small=None,
+def generate(target, input_ids, max_new_tokens: int, method="draft", draft=None, draft_small=None,
              heads=None, eagle=None, gamma: int | None = None, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, eos_token_id=None, generator=None, params: dict | None = None) -> GenerationResult:
+             top_p: float = 1.0, eos_token_id=None, generator=None, params: dict | None = None,
+             executor=None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `input_ids` [1, n] with `method`: a registered name
     (see the table in this module's docstring) or a `policies.DraftingPolicy` object of your own
     (fresh for each call: policies keep state; it runs with the proposer of the registered method
@@ -221,7 +231,7 @@ def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None
     tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
     exactly, for every method (rejection sampling). `gamma` is the most draft tokens a round may
     propose (a tree's depth), None for the method's default. `params` holds a policy's own
-    parameters, e.g. `{"tau": 2.0}` for `entropy-stop`; `policy_parameters(method)` lists them.
+    parameters, e.g. `{"theta": 2.0}` for `entropy-stop`; `policy_parameters(method)` lists them.
     `hierarchical*` drafts with `draft_small` (M1: a draft model or an `ngram.NgramDraft`)
     pre-verified by `draft` (M2); `medusa` guesses a token tree with `heads` (`medusa.load_heads`),
     `draft-tree` grows one with `draft`; `eagle-chain` and `eagle` draft with an EAGLE head on the target's
@@ -231,16 +241,20 @@ def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None
     runner owns its model's cache and, on a GPU, its CUDA graphs; reuse it across calls). Stops
     after `max_new_tokens` tokens or after `eos_token_id` (an id or a collection of ids). Returns a
     `GenerationResult` whose `rounds` hold per-round statistics.
+
+    `executor`: None runs the rounds on the engine (`engine.decode`, the host loop); a
+    `device_loop.DeviceExecutor()` runs the same method's rounds on the device, recorded as one CUDA graph each
+    on a GPU, with the same acceptance and sampling functions (methods of one fixed round shape only).
     """
     if params is not None and not isinstance(params, dict):
-        raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'tau': 2.0}}, got {params!r}")
+        raise ValueError(f"params must be a dict of the policy's parameters, e.g. {{'theta': 2.0}}, got {params!r}")
     if isinstance(method, policies.DraftingPolicy):  # your own policy object
         if params:
             raise ValueError(f"params are for a method name; a policy object ({method.name!r}) takes its parameters "
                              f"in its constructor")
         policy, spec, name, what = method, method_for_policy(method), method.name, f"policy {method.name!r}"
-    elif isinstance(method, str) and method in REGISTRY:
-        spec, name, what = REGISTRY[method], method, f"method {method!r}"
+    elif isinstance(method, str) and (method in REGISTRY or method in ALIASES):
+        spec, name, what = REGISTRY[ALIASES.get(method, method)], method, f"method {method!r}"
         if method == "ar" and params:
             raise ValueError(f"method 'ar' takes no params, got {sorted(params)}")
         policy = None
@@ -251,6 +265,14 @@ def generate(target, input_ids, max_new_tokens: int, method="greedy", draft=None
         raise ValueError(f"{what} is greedy only (it reads the target's greedy output); "
                          f"got temperature {temperature!r}, allowed: 0")
     models = {"target": target, "draft": draft, "draft_small": draft_small, "heads": heads, "eagle": eagle}
+    if executor is not None:
+        if not callable(getattr(executor, "run", None)):
+            raise ValueError(f"executor must be None (the engine) or a device_loop.DeviceExecutor(), got {executor!r}")
+        if policy is None:
+            policy = policies.DraftingPolicy(0) if name == "ar" else make_policy(name, gamma, params, draft)
+        head = _eagle_head(models, what) if spec.name in ("eagle", "eagle-chain") else None
+        return executor.run(spec.name, name, target, draft, head, policy, input_ids, max_new_tokens,
+                            Sampler(temperature, top_k, top_p), as_id_set(eos_token_id), generator)
     proposer = spec.make_proposer(models, what)
     if policy is None:
         policy = policies.DraftingPolicy(0) if name == "ar" else make_policy(name, gamma, params, draft)

@@ -24,11 +24,16 @@ step with `torch.compile`. Longer forwards (the prefill) run eagerly on the same
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
-from .runner import ModelRunner, attention_backends, record_cuda_graph
+from .kv_cache import move_path
+from .runner import ModelRunner, attention_backends
 from .static_cache import CHUNK
+from .tree import check_parents, is_chain, tree_allowed, tree_mask
+from .tree_attention import block_attention
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -116,8 +121,6 @@ class PlainLlama:
         # is read once, never copied
         if block is None:
             mask = mask[:, None, None].expand(B, 1, H // KV, T, window).reshape(B, 1, -1, window)
-        else:
-            from .tree_attention import block_attention
         x = self.embed[ids if self.to_draft is None else self.to_draft[ids]]
         tapped = {}
         for i, (norm1, qkv, o, norm2, gate_up, down) in enumerate(self.layers):
@@ -176,6 +179,7 @@ class PlainRunner(ModelRunner):
     `torch.compile` first (CUDA only; minutes of compiling, once per budget). `record=False` runs the
     padded whole-buffer step without recording it (how the CPU tests check its arithmetic). Greedy output
     equals transformers' forward up to floating-point rounding (float32: the same tokens)."""
+    GRAPH_ATTENTION = None  # its own attention, whatever implementation the transformers model was loaded with
 
     def __init__(self, model, graphs: bool = False, capacity: int = 0, compile: bool = False,
                  budgets: tuple = BUDGETS, taps: tuple = (), record: bool = True):
@@ -196,7 +200,7 @@ class PlainRunner(ModelRunner):
         self.taps = self._taps(tuple(taps)) if taps else ()  # layer inputs every graph returns (EAGLE's features)
         self.core: PlainLlama | None = None
         self.pos = 0
-        self._graphs: dict[tuple, _Graph] = {}
+        self._graphs = self.graphs  # the runner's GraphCache: (budget, taps, capacity) -> _Graph, and their pool
         self._step = None
 
     # ------------------------------------------------------------------ state
@@ -209,16 +213,15 @@ class PlainRunner(ModelRunner):
         self._room(max(self.capacity, prompt_len + CHUNK))
 
     def rollback(self, length: int) -> None:
-        self.pos = min(self.pos, length)
+        self._check_keep(length)
+        self.pos = length
 
     def commit(self, prefix: int, path, length: int) -> None:
         path = [int(p) for p in path]
         if path != list(range(len(path))):  # a chain's accepted nodes are already in place
-            device = self.core.device
-            src = prefix + torch.tensor(path, dtype=torch.long, device=device)
-            dst = torch.arange(prefix, prefix + len(path), device=device)
+            keep = torch.tensor(path, dtype=torch.long, device=self.core.device)
             for buffer in (self.core.keys, self.core.values):
-                buffer.index_copy_(3, dst, buffer.index_select(3, src))
+                move_path(buffer, 3, prefix, keep)
         self.pos = min(prefix + len(path), length, self.pos)
 
     def _room(self, needed: int) -> None:
@@ -227,10 +230,7 @@ class PlainRunner(ModelRunner):
             self.core = PlainLlama(self.model, 1, capacity)
         elif capacity > self.core.capacity:
             self.core.grow(capacity)
-            self._graphs.clear()  # recorded on the old buffers
-            self.epoch += 1
-            if self.pool is not None:
-                self.pool = torch.cuda.graph_pool_handle()
+            self.graphs.invalidate()  # recorded on the old buffers: the graphs and their pool go
 
     # ------------------------------------------------------------------ forwards
     def forward(self, tokens: torch.Tensor, num_logits: int = 1, hidden=None):
@@ -244,7 +244,6 @@ class PlainRunner(ModelRunner):
 
     def forward_tree(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, fed: int = 0,
                      num_logits: int | None = None, hidden=None):
-        from .tree import check_parents, is_chain, tree_allowed, tree_mask
         parents = parents.cpu()
         if fed == 0 and is_chain(parents):  # an ordinary causal forward (the same positions and mask)
             return self.forward(torch.cat([tokens, nodes.to(tokens.device)[None]], dim=1),
@@ -362,15 +361,20 @@ class PlainRunner(ModelRunner):
 
     def _static(self, graph: _Graph):
         step = self._step or self.core.step
-        with attention_backends(self.core.device, self.avoid_cudnn):
+        with attention_backends(self.core.device, self.avoid_cudnn), recompile_room(self._step is not None):
             return step(graph.ints[0:1], graph.ints[1:2], graph.ints[2], graph.mask, graph.taps)
 
     def _capture(self, graph: _Graph) -> None:
         if self.compiled and self._step is None:
-            import torch._dynamo.config as dynamo_config
-            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-            setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
             self._step = torch.compile(self.core.step, dynamic=False)
-        graph.graph, graph.outputs = record_cuda_graph(lambda: self._static(graph), self.pool,
-                                                       warmups=3 if self.compiled else 1)
-        self.captures += 1
+        graph.graph, graph.outputs = self.graphs.record(lambda: self._static(graph), warmups=3 if self.compiled else 1)
+
+
+def recompile_room(compiled: bool):
+    """While the compiled step runs (compiled once per budget and set of taps), dynamo's recompile limit is at least
+    64 (its default, 8, would leave the other shapes eager); the setting is restored after the call."""
+    if not compiled:
+        return nullcontext()
+    import torch._dynamo.config as dynamo_config
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    return dynamo_config.patch(**{limit: max(getattr(dynamo_config, limit), 64)})

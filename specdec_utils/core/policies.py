@@ -144,22 +144,34 @@ class Oracle(DraftingPolicy):
         return step.index >= len(self.reference) or step.token != self.reference[step.index]
 
 
+
+def refuse_renamed(owner: str, given: dict, renamed: dict) -> None:
+    """One clear line for a parameter passed under a name it no longer has (or never had)."""
+    for name in given:
+        if name in renamed:
+            raise ValueError(f"{owner}: the parameter {name!r} is now {renamed[name]!r} (an entropy threshold, "
+                             f"in nats; tau names tokens per target pass)")
+        raise ValueError(f"{owner} got an unknown parameter {name!r}")
+
 # ------------------------------------------------------------------ token level (notebook 04)
 class EntropyStop(DraftingPolicy):
     """SD + self-verify (HSDDW, Syu & Lee 2025; their code, `KVCacheModelEntropyGamma`): the draft
     proposes its token, then stops drafting if the entropy of the distribution it drew it from is
-    above tau. With `tau=None`, tau is the running mean of the entropies of the draft tokens the target
-    rejected so far (one per round: the first rejected one), starting from `tau0` (0 in HSDDW's
-    two-model code: one token per round until the first rejection); with a number, tau stays fixed."""
+    above the threshold theta (nats). With `theta=None`, theta is the running mean of the entropies of the draft
+    tokens the target rejected so far (one per round: the first rejected one), starting from `theta0` (0 in
+    HSDDW's two-model code: one token per round until the first rejection); with a number, theta stays fixed.
+    (HSDDW call the threshold tau; the course keeps tau for tokens per target pass.)"""
     name = "entropy-stop"
     reason = "entropy"
+    renamed = {"tau": "theta", "tau0": "theta0"}  # the names before: one clear line if used
 
-    def __init__(self, gamma: int = 10, tau: float | None = None, tau0: float = 0.0):
-        require("tau", tau, tau is None or _number(tau, 0), "a number >= 0 (nats) or None (adaptive)")
-        require("tau0", tau0, _number(tau0, 0), "a number >= 0 (nats)")
+    def __init__(self, gamma: int = 10, theta: float | None = None, theta0: float = 0.0, **renamed):
+        refuse_renamed(type(self).__name__, renamed, self.renamed)
+        require("theta", theta, theta is None or _number(theta, 0), "a number >= 0 (nats) or None (adaptive)")
+        require("theta0", theta0, _number(theta0, 0), "a number >= 0 (nats)")
         super().__init__(gamma)
-        self.adaptive = tau is None
-        self.tau = tau0 if tau is None else tau
+        self.adaptive = theta is None
+        self.theta = theta0 if theta is None else theta
         self.rejected_entropies: list[float] = []
         self.entropies: list[float] = []
 
@@ -169,13 +181,13 @@ class EntropyStop(DraftingPolicy):
 
     def stop_after(self, step) -> bool:
         self.entropies.append(step.entropy)
-        return step.entropy > self.tau
+        return step.entropy > self.theta
 
     def observe(self, stats) -> None:
         if stats.accepted < stats.drafted:  # the first rejected draft token of the round
             self.rejected_entropies.append(self.entropies[stats.accepted])
             if self.adaptive:
-                self.tau = sum(self.rejected_entropies) / len(self.rejected_entropies)
+                self.theta = sum(self.rejected_entropies) / len(self.rejected_entropies)
 
 
 class ConfidenceStop(DraftingPolicy):

@@ -9,6 +9,9 @@ The decode loop and the proposers never hold a `(model, cache)` pair: they hold 
     logits = runner.forward_tree(tokens, nodes, parents, num_logits=...)   # a token tree (notebook 06)
     runner.commit(prefix, path, length)          # keep the accepted path after the prefix, drop the rest
 
+The stateless forms, a model and its cache in and out: `forward_uncached` (a plain forward) and `forward_tree`
+(one forward over a token tree, with tree positions and mask: notebook 06's verification pass).
+
 `forward*(..., hidden="norm" | "head")` also returns that hidden state (`hidden.py`). The cache is the
 preallocated `StaticKVCache` (notebook 09) for a transformers decoder, `cache="dynamic"` for
 transformers' own `DynamicCache` (to compare), and the model's own tuple cache for the toy models of
@@ -31,8 +34,11 @@ from contextlib import nullcontext
 
 import torch
 
-from .kv_cache import cache_length, trim_cache
+from .graphs import GraphCache, record_cuda_graph  # noqa: F401 (record_cuda_graph: re-exported, importers use it)
+from .kv_cache import cache_length, gather_cache, trim_cache
 from .static_cache import CHUNK, StaticKVCache, supports_static_cache
+from .tree import check_parents, depths, is_chain, tree_attention_mask
+from .tree_attention import tree_kwargs
 
 MAX_GRAPH_TOKENS = 16  # forwards of more tokens run eagerly (the prefill, long catch-ups)
 CACHES = ("static", "dynamic")
@@ -47,6 +53,42 @@ def forward_uncached(model, tokens: torch.Tensor, cache, num_logits: int = 1):
         cache = new_cache(model, tokens.shape[1])
     seen = cache_length(cache)
     out = model(input_ids=tokens[:, seen:], past_key_values=cache, use_cache=True, logits_to_keep=num_logits)
+    return out.logits[0, -num_logits:], out.past_key_values
+
+
+def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, cache, fed: int = 0,
+                 num_logits: int | None = None):
+    """Run `model` on what its cache lacks, in one forward with tree positions and mask: the
+    uncached committed tokens of `tokens` [1, L] (if any), then tree nodes `fed:` (the cache holds
+    the committed tokens and nodes `:fed` when `fed` > 0). Returns (logits of the last
+    `num_logits` inputs [num_logits, V], the grown cache). For the target (newest token uncached,
+    fed = 0, num_logits = T + 1) row 0 is the root's distribution and row 1 + i node i's.
+    (The stateless form of `ModelRunner.forward_tree`.)"""
+    check_parents(parents)
+    if cache is None:
+        cache = new_cache(model, tokens.shape[1] + len(parents))
+    seen = cache_length(cache)
+    L = tokens.shape[1]
+    if seen < L and fed == 0:
+        new = tokens[:, seen:]
+    elif seen == L + fed:
+        new = tokens[:, :0]
+    else:
+        raise ValueError(f"a cache of {seen} positions cannot precede a tree pass over {L} committed tokens "
+                         f"with {fed} nodes cached")
+    device = tokens.device
+    node_ids = nodes.to(device)
+    depth = depths(parents.to(device))
+    positions = torch.cat([torch.arange(L - new.shape[1], L, device=device), L - 1 + depth[fed:]])
+    dtype = next(model.parameters()).dtype
+    mask = tree_attention_mask(L, new.shape[1], parents, fed, dtype if dtype.is_floating_point else torch.float32,
+                               device)
+    n_in = new.shape[1] + len(node_ids) - fed
+    num_logits = n_in if num_logits is None else num_logits
+    # the Triton backends (notebook 08) read the parents, not the mask: `tree_kwargs` passes them
+    out = model(input_ids=torch.cat([new, node_ids[None, fed:]], dim=1), attention_mask=mask,
+                position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=num_logits,
+                **tree_kwargs(model, new.shape[1], parents, fed, device, seen))
     return out.logits[0, -num_logits:], out.past_key_values
 
 
@@ -82,6 +124,8 @@ class ModelRunner:
     buffer much larger than the text costs attention time for nothing); `max_graph_tokens`: longer
     forwards run eagerly; `cache`: "static" (the course's preallocated cache) or "dynamic"
     (transformers' `DynamicCache`, eager only); `avoid_cudnn`: see `attention_backends`."""
+    # the attention implementations the graphed step's own 4D mask works with (`static_forward`); None: any
+    GRAPH_ATTENTION: tuple | None = ("sdpa", "eager")
 
     def __init__(self, model, graphs: bool = False, capacity: int = 0, max_graph_tokens: int = MAX_GRAPH_TOKENS,
                  cache: str = "static", avoid_cudnn: bool = True, record: bool = True):
@@ -104,14 +148,25 @@ class ModelRunner:
             if cache != "static" or not supports_static_cache(model):
                 raise ValueError("CUDA graphs need the static cache of a transformers decoder "
                                  f"({type(model).__name__}, cache={cache!r})")
+            attention = _attention(model)
+            if self.GRAPH_ATTENTION is not None and attention not in self.GRAPH_ATTENTION:
+                raise ValueError(f"the graphed step passes a 4D attention mask, which {attention!r} attention cannot "
+                                 'take: call model.set_attn_implementation("sdpa") first')
         self.record = record  # False: run `static_forward` without recording it (how CPU tests check its arithmetic)
         self.cache = None
-        self.epoch = 0        # moves on when the cache's buffers are replaced (its graphs die with them)
-        self.graphs: dict[tuple, _Graph] = {}
-        self.captures = 0     # graphs recorded so far
+        self.graphs = GraphCache()  # key -> _Graph, and their pool: dropped together when the cache's buffers change
         self.replays = 0      # forwards served by a graph
         self.forwards = 0     # forwards run (replays included)
-        self.pool = torch.cuda.graph_pool_handle() if self.graphed and record else None
+
+    @property
+    def epoch(self) -> int:
+        """Moves on when the cache's buffers are replaced (its graphs die with them)."""
+        return self.graphs.epoch
+
+    @property
+    def captures(self) -> int:
+        """Graphs recorded so far."""
+        return self.graphs.captures
 
     # ------------------------------------------------------------------ state
     @property
@@ -128,14 +183,24 @@ class ModelRunner:
             self.cache = None
 
     def rollback(self, length: int) -> None:
-        """Keep the first `length` positions (at most what the cache holds)."""
-        self.cache = trim_cache(self.cache, min(self.length, length))
+        """Keep the first `length` positions (0..what the cache holds; `keep_at_most` clamps instead)."""
+        self._check_keep(length)
+        self.cache = trim_cache(self.cache, length)
+
+    def keep_at_most(self, length: int) -> None:
+        """Keep the first `length` positions, or all the cache holds if that is fewer (a draft after a fully
+        accepted round: its cache lacks its own last proposal)."""
+        self.rollback(min(self.length, length))
+
+    def _check_keep(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length} positions: the cache holds {self.length} "
+                             f"(0 <= length <= {self.length}; keep_at_most(n) clamps)")
 
     def commit(self, prefix: int, path, length: int) -> None:
         """Keep the first `prefix` positions then the positions `prefix + path` (the accepted nodes of a
         tree, in order), moved into place, then cut at `length`. For a chain the path is already in
         place and only the pointer moves."""
-        from .tree import gather_cache
         keep = torch.as_tensor(list(path), dtype=torch.long)
         self.cache = gather_cache(self.cache, prefix, keep)
         self.cache = trim_cache(self.cache, length)
@@ -160,10 +225,9 @@ class ModelRunner:
     def forward_tree(self, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, fed: int = 0,
                      num_logits: int | None = None, hidden: str | None = None):
         """One forward over what the cache lacks of `tokens` [1, L] then tree nodes `fed:` (tree
-        positions and mask, `tree.forward_tree`); a chain (parents = arange(T) - 1, nothing cached of
+        positions and mask, `forward_tree`); a chain (parents = arange(T) - 1, nothing cached of
         it) is an ordinary causal forward, graphed where it can be. Returns the last `num_logits`
         logits (and the hidden state at `hidden`)."""
-        from .tree import forward_tree, is_chain
         if fed == 0 and is_chain(parents):
             return self.forward(torch.cat([tokens, nodes.to(tokens.device)[None]], dim=1),
                                 len(nodes) + 1 if num_logits is None else num_logits, hidden)
@@ -172,7 +236,7 @@ class ModelRunner:
             self.cache = new_cache(self.model, tokens.shape[1] + len(parents) + self.capacity, self.kind)
             if self.cache is None and self.kind == "dynamic" and supports_static_cache(self.model):
                 from transformers import DynamicCache
-                self.cache = DynamicCache()  # given None, tree.forward_tree would start a static cache
+                self.cache = DynamicCache()  # given None, forward_tree would start a static cache
         with self._capture(hidden) as captured, attention_backends(self.device, self.avoid_cudnn):
             logits, cache = forward_tree(self.model, tokens, nodes, parents, self.cache, fed, num_logits)
         self._adopt(cache)
@@ -201,10 +265,7 @@ class ModelRunner:
             self._drop_graphs()
 
     def _drop_graphs(self) -> None:
-        self.graphs.clear()
-        self.epoch += 1
-        if self.pool is not None:  # a memory pool whose graphs are all freed takes no new capture: start another
-            self.pool = torch.cuda.graph_pool_handle()
+        self.graphs.invalidate()  # the graphs and their pool: a pool whose graphs are all freed takes no new capture
 
     def _graphable(self, n: int) -> bool:
         cache = self.cache
@@ -244,26 +305,8 @@ class ModelRunner:
             with attention_backends(self.device, self.avoid_cudnn):
                 return static_forward(self.model, cache, ids, start, num_logits)
 
-        graph, logits = record_cuda_graph(step, self.pool)
-        self.captures += 1
+        graph, logits = self.graphs.record(step)
         return _Graph(graph, ids, start, logits)
-
-
-def record_cuda_graph(step, pool=None, warmups: int = 1):
-    """Record `step()` (no arguments; static inputs and outputs) as a CUDA graph: run it `warmups` times on a side
-    stream first (kernel and allocator set-up stays out of the graph; the warm-ups write what the replay will
-    write), then capture it into `pool`. Returns (the graph, the tensors `step` returned during the capture,
-    which every replay overwrites)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmups):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = step()
-    return graph, outputs
 
 
 def static_forward(model, cache: StaticKVCache, ids: torch.Tensor, start: torch.Tensor, num_logits: int):
@@ -274,6 +317,8 @@ def static_forward(model, cache: StaticKVCache, ids: torch.Tensor, start: torch.
     slots = start + torch.arange(ids.shape[1], device=ids.device)
     key_positions = torch.arange(cache.capacity, device=ids.device)
     mask = (key_positions[None, :] <= slots[:, None])[None, None]  # [1, 1, n, capacity]
+    if _attention(model) != "sdpa":  # eager attention adds a 4D mask to the scores: 0 where seen, the dtype's min
+        mask = torch.zeros_like(mask, dtype=model.dtype).masked_fill_(~mask, torch.finfo(model.dtype).min)
     cache.set_slots(slots)
     try:
         out = model(input_ids=ids, position_ids=slots[None], attention_mask=mask,
@@ -288,6 +333,11 @@ def as_runner(model_or_runner, **options) -> ModelRunner:
     if isinstance(model_or_runner, ModelRunner):
         return model_or_runner
     return ModelRunner(model_or_runner, **options)
+
+
+def _attention(model) -> str | None:
+    """The attention implementation of a transformers model ("sdpa", "eager", ...; None for another model)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def _device_of(model) -> torch.device:

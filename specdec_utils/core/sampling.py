@@ -76,52 +76,83 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) 
     """Draw one token id from a probability vector [V] (any device) using a CPU `generator`.
 
     Plain autoregressive sampling and speculative sampling share this sampler: it consumes
-    exactly one uniform from `generator`. `probs` need not sum to 1 (it is normalized here).
-    """
+    exactly one uniform from `generator` (float64, drawn on the CPU, so a seed gives the same
+    tokens on any device) and hands it to `draw`. `probs` need not sum to 1 (it is normalized)."""
     if probs.ndim != 1:
         raise ValueError(f"probs must be a 1-D tensor [V], got shape {tuple(probs.shape)}")
-    return _inverse_cdf(probs, torch.rand((), generator=generator, dtype=torch.float64))
-
-
-def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> int:
-    """The token whose slice of the cumulative distribution holds uniform * total mass; a
-    zero-probability token owns an empty slice, so it is never drawn."""
-    probs = probs.detach().to("cpu", torch.float64)
-    cdf = probs.cumsum(0)
-    if probs.min() < 0 or not 0 < cdf[-1] < math.inf:
+    total = float(probs.double().sum())
+    if float(probs.min()) < 0 or not 0 < total < math.inf:
         raise ValueError("probs must be finite and non-negative with a positive sum")
-    return int(torch.searchsorted(cdf, uniform * cdf[-1], right=True))
+    uniform = torch.rand(1, generator=generator, dtype=torch.float64)
+    return int(draw(probs[None], uniform.to(probs.device))[0])
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of `probs` [n, V] (non-negative, any positive total), from explicit `uniforms` [n] in
+    [0, 1) (float64): the token whose slice of the row's cumulative distribution holds uniform * total (the
+    inverse CDF). A zero-probability token owns an empty slice, so it is never drawn; u * total can round up to
+    the total itself, so it is kept just below it. Tensor operations only, no read back: the engine calls it
+    eagerly, the device loop records it in its CUDA graph. Returns ids [n] (int64)."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    where = torch.minimum(uniforms.to(cdf.dtype)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, where, right=True)[:, 0]
 
 
 def _residual_distribution(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
     """max(0, p - q), to be normalized: what the target still owes after the draft's accepted
     mass (Leviathan et al. 2023, Sec. 2.3). Zero mass means p <= q everywhere, which for
     normalized rows forces p == q (where every draft is accepted), so it only comes from rounding
-    or unnormalized rows; we then fall back to p itself."""
+    or unnormalized rows; we then fall back to p itself. Rows [..., V]; no read back."""
     residual = (target_row - draft_row).clamp(min=0)
-    return residual if residual.sum() > 0 else target_row
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_row)
 
 
 def residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)): the distribution the target still owes after a draft token drawn from q
     was rejected (the same rule, and the same fallback to p when no mass is left, for chains and trees)."""
     rest = _residual_distribution(target_row, draft_row)
-    return rest / rest.sum()
+    return rest / rest.sum(-1, keepdim=True)
 
 
-def _probs_of_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """probs[i, tokens[i]] for each i, as float64 on the CPU: only k numbers leave the device."""
-    index = tokens.to(probs.device)[:, None]
-    return probs[:len(tokens)].detach().gather(1, index).squeeze(1).to("cpu", torch.float64)
+def accept_greedy(drafts: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of a chain: `drafts` [k], `choice` [k + 1] the target's argmax at every verified row.
+    Returns (n, after): n (a 0-dim int64 tensor) the leading drafts equal to the target's choice, `after` [1] the
+    target's choice after them (the correction, or the bonus after all k). No read back."""
+    n = (drafts == choice[:drafts.shape[0]]).long().cumprod(0).sum()  # the leading run of matches
+    return n, choice.gather(0, n.view(1))
 
 
-def rejection_sample(draft_probs: torch.Tensor, target_probs: torch.Tensor,
+def accept_sampled(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                   uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact acceptance of a chain (Leviathan et al. 2023, Algorithm 1) from explicit uniforms: `drafts` [k] drawn
+    from `q` [k, V] (None: chosen deterministically, one-hot q), `p` [k + 1, V] the target's warped rows, `uniforms`
+    [k + 1] in [0, 1) (float64). Draft i is kept iff u_i * q_i(x_i) < p_i(x_i) (probability min(1, p/q), no
+    division); n = the leading run of kept drafts; the token after them is drawn with u_k from the residual
+    norm(max(0, p_n - q_n)), with q_k = 0 (after k kept drafts that is p_k, the bonus) and p_n when no mass is left.
+    Returns (n, after [1]) as tensors; no read back (the device loop records this function in its graph)."""
+    k, device = drafts.shape[0], p.device
+    column = drafts[:, None]
+    p_x = p[:k].gather(1, column)[:, 0].double()
+    q_x = torch.ones(k, dtype=torch.float64, device=device) if q is None else q.gather(1, column)[:, 0].double()
+    n = (uniforms[:k] * q_x < p_x).long().cumprod(0).sum()
+    p_n = p.index_select(0, n.view(1)).double()
+    if q is None:  # one-hot on the rejected draft (none after k kept drafts)
+        rejected = torch.cat([drafts, drafts.new_zeros(1)]).index_select(0, n.view(1))
+        q_n = torch.zeros_like(p_n).scatter_(1, rejected[:, None], (n < k).double().view(1, 1))
+    else:
+        q_n = torch.cat([q, q.new_zeros(1, q.shape[1])]).index_select(0, n.view(1)).double()
+    return n, draw(_residual_distribution(p_n, q_n), uniforms[k:])
+
+
+def rejection_sample(draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                      draft_tokens: torch.Tensor,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Verify k drafted tokens; return the accepted prefix plus one token (1-D, int64).
 
     draft_probs [k, V] are the draft's (warped) distributions q_i that x_i = draft_tokens[i] was
-    sampled from; target_probs [k+1, V] are the target's p_0..p_k, warped the same way; k may be
+    sampled from (None: every draft was chosen deterministically, a one-hot q_i, as for a prompt-lookup
+    proposer); target_probs [k+1, V] are the target's p_0..p_k, warped the same way; k may be
     0. The result holds between 1 and k+1 tokens and lives on draft_tokens' device. Each call
     consumes exactly k+1 uniforms from `generator`, whatever is accepted.
 
@@ -131,28 +162,19 @@ def rejection_sample(draft_probs: torch.Tensor, target_probs: torch.Tensor,
     q_i(x_i) = 0 < p_i(x_i) always accepts (ratio infinite). The output is exactly p_i when x_i
     really was drawn from q_i; a token with q_i(x_i) = 0 cannot be, so it signals a caller bug.
     With temperature 0 both rows are one-hot and the rule is greedy decoding: accept while x_i is
-    the target's argmax, then emit the target's argmax.
+    the target's argmax, then emit the target's argmax. The rule itself is `accept_sampled`, the function the
+    device loop records on the GPU; this wrapper checks the inputs and draws the uniforms.
     """
     k = _check_rejection_inputs(draft_probs, target_probs, draft_tokens)
-    tokens = draft_tokens.detach().to("cpu", torch.long)
-    if k and not 0 <= int(tokens.min()) <= int(tokens.max()) < target_probs.shape[1]:
+    if k and not 0 <= int(draft_tokens.min()) <= int(draft_tokens.max()) < target_probs.shape[1]:
         raise ValueError(f"draft_tokens must lie in [0, {target_probs.shape[1]}), "
-                         f"got {tokens.tolist()}")
-
-    q_of_draft = _probs_of_tokens(draft_probs, tokens)
-    p_of_draft = _probs_of_tokens(target_probs, tokens)
+                         f"got {draft_tokens.tolist()}")
+    device = target_probs.device
+    tokens = draft_tokens.detach().to(device, torch.long)
     uniforms = torch.rand(k + 1, generator=generator, dtype=torch.float64)
-    accepted = uniforms[:k] * q_of_draft < p_of_draft  # P = min(1, p/q), without dividing
-    n_accepted = int(accepted.long().cumprod(0).sum())  # length of the leading run of accepts
-
-    target_row = target_probs[n_accepted].detach().to("cpu", torch.float64)
-    if n_accepted == k:
-        next_probs = target_row  # bonus token: every draft token was accepted
-    else:
-        draft_row = draft_probs[n_accepted].detach().to("cpu", torch.float64)
-        next_probs = _residual_distribution(target_row, draft_row)
-    next_token = torch.tensor([_inverse_cdf(next_probs, uniforms[k])])
-    return torch.cat([tokens[:n_accepted], next_token]).to(draft_tokens.device)
+    q = None if draft_probs is None else draft_probs.detach().to(device)
+    n, after = accept_sampled(tokens, q, target_probs.detach(), uniforms.to(device))
+    return torch.cat([tokens[:int(n)], after]).to(draft_tokens.device)
 
 
 def _check_rejection_inputs(draft_probs, target_probs, draft_tokens) -> int:
@@ -163,12 +185,14 @@ def _check_rejection_inputs(draft_probs, target_probs, draft_tokens) -> int:
     k = draft_tokens.shape[0]
     for name, probs, rows_name, rows in (("draft_probs", draft_probs, "k", k),
                                          ("target_probs", target_probs, "k+1", k + 1)):
+        if probs is None and name == "draft_probs":
+            continue  # deterministic drafts: one-hot q
         if probs.ndim != 2 or not probs.is_floating_point():
             raise ValueError(f"{name} must be a 2-D floating-point tensor, got shape "
                              f"{tuple(probs.shape)} and dtype {probs.dtype}")
         if probs.shape[0] != rows:
             raise ValueError(f"{name} must have {rows_name}={rows} rows, got {probs.shape[0]}")
-    if draft_probs.shape[1] != target_probs.shape[1]:
+    if draft_probs is not None and draft_probs.shape[1] != target_probs.shape[1]:
         raise ValueError(f"draft_probs and target_probs must share the vocabulary size, got "
                          f"{draft_probs.shape[1]} and {target_probs.shape[1]}")
     return k

@@ -1,26 +1,26 @@
-"""Token trees (notebook 06): build them, verify them in ONE target pass, keep the accepted path.
+"""Token trees (notebook 06): their structure, how to build and prune them, and the attention masks of a tree pass.
 
 A tree of T candidate tokens is a `parents` array: `parents[i] < i` is the index of node i's
 parent, -1 for a child of the root (the newest committed token, which no cache holds yet). One target
 forward runs the uncached committed tokens and all T nodes at once: node i sits at position
 L - 1 + depth(i) (L = committed tokens) and attends to the whole committed prefix, its ancestors and
-itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation). Row 0 of the
-logits it returns is the root's next-token distribution, row 1 + i node i's.
+itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation; `tree_attention_mask`).
+That forward is `runner.forward_tree`: row 0 of the logits it returns is the root's next-token distribution,
+row 1 + i node i's.
 
 Verification (`verify.py`) walks the tree from the root, greedy or with SpecInfer's exact
 sampling; a chain is the tree whose parents are `arange(k) - 1` (`chain_parents`).
 
-After acceptance, `gather_cache` moves the accepted path's keys and values into place right after
-the prefix and drops the rest: no recomputation.
+After acceptance, `kv_cache.gather_cache` moves the accepted path's keys and values into place right
+after the prefix and drops the rest: no recomputation.
+
+This module is pure structure (torch tensors in, tensors out): it runs no model and touches no cache.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-
-from .kv_cache import cache_length, trim_cache
-from .runner import new_cache
 
 
 # --------------------------------------------------------------------------- structure
@@ -65,7 +65,7 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
     return tree_mask(parents).sum(-1)
 
 
-# --------------------------------------------------------------------------- the target pass
+# --------------------------------------------------------------------------- the masks of a tree pass
 def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, device,
                  ancestry: torch.Tensor | None = None) -> torch.Tensor:
     """Which keys each query of a tree pass sees: bool [n_new + T - fed, committed + T] for a forward over
@@ -91,55 +91,6 @@ def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: 
     mask = torch.zeros(allow.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allow, torch.finfo(dtype).min)
     return mask[None, None]
-
-
-def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torch.Tensor, cache, fed: int = 0,
-                 num_logits: int | None = None):
-    """Run `model` on what its cache lacks, in one forward with tree positions and mask: the
-    uncached committed tokens of `tokens` [1, L] (if any), then tree nodes `fed:` (the cache holds
-    the committed tokens and nodes `:fed` when `fed` > 0). Returns (logits of the last
-    `num_logits` inputs [num_logits, V], the grown cache). For the target (newest token uncached,
-    fed = 0, num_logits = T + 1) row 0 is the root's distribution and row 1 + i node i's."""
-    check_parents(parents)
-    if cache is None:
-        cache = new_cache(model, tokens.shape[1] + len(parents))
-    seen = cache_length(cache)
-    L = tokens.shape[1]
-    if seen < L and fed == 0:
-        new = tokens[:, seen:]
-    elif seen == L + fed:
-        new = tokens[:, :0]
-    else:
-        raise ValueError(f"a cache of {seen} positions cannot precede a tree pass over {L} committed tokens "
-                         f"with {fed} nodes cached")
-    device = tokens.device
-    node_ids = nodes.to(device)
-    depth = depths(parents.to(device))
-    positions = torch.cat([torch.arange(L - new.shape[1], L, device=device), L - 1 + depth[fed:]])
-    dtype = next(model.parameters()).dtype
-    mask = tree_attention_mask(L, new.shape[1], parents, fed, dtype if dtype.is_floating_point else torch.float32,
-                               device)
-    n_in = new.shape[1] + len(node_ids) - fed
-    num_logits = n_in if num_logits is None else num_logits
-    from .tree_attention import tree_kwargs  # the Triton backends (notebook 08) read the parents, not the mask
-    out = model(input_ids=torch.cat([new, node_ids[None, fed:]], dim=1), attention_mask=mask,
-                position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=num_logits,
-                **tree_kwargs(model, new.shape[1], parents, fed, device, seen))
-    return out.logits[0, -num_logits:], out.past_key_values
-
-
-def gather_cache(cache, prefix: int, keep: torch.Tensor):
-    """Keep the first `prefix` positions of `cache` followed by positions `prefix + keep`
-    (the accepted path's nodes, in order), moved into place; drop everything after. Returns it."""
-    k = len(keep)
-    if k and not bool((keep == torch.arange(k, device=keep.device)).all()):  # already in place otherwise
-        if isinstance(cache, tuple):
-            raise ValueError("gather_cache needs a transformers Cache object, not a legacy tuple")
-        for layer in cache.layers:
-            index = (prefix + keep).to(layer.keys.device)
-            layer.keys[..., prefix:prefix + k, :] = layer.keys.index_select(-2, index)
-            layer.values[..., prefix:prefix + k, :] = layer.values.index_select(-2, index)
-    return trim_cache(cache, prefix + k)
 
 
 # --------------------------------------------------------------------------- building trees

@@ -1,6 +1,6 @@
 """Tree attention in Triton (notebook 08): the attention of a tree-verification pass, prefix + tree.
 
-The T tree nodes of a verification pass (`tree.forward_tree`) attend to the P cached prefix
+The T tree nodes of a verification pass (`runner.forward_tree`) attend to the P cached prefix
 positions and to their own ancestors and themselves. Two kernels compute it, with one API:
 
 - `tree_attention_masked(q, k, v, mask, scale=None)` reads a dense boolean mask [T, P + T];
@@ -30,6 +30,7 @@ import os
 import torch
 
 from ..compat import attn_implementation, register_attention, sdpa_attention
+from .tree import tree_mask
 
 try:
     import triton
@@ -54,7 +55,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # --------------------------------------------------------------------------- the oracle
 def mask_from_parents(parents: torch.Tensor, prefix: int) -> torch.Tensor:
     """bool [T, prefix + T]: the whole prefix, the node's ancestors and itself."""
-    from .tree import tree_mask
     T = len(parents)
     mask = torch.ones(T, prefix + T, dtype=torch.bool, device=parents.device)
     mask[:, prefix:] = tree_mask(parents)
@@ -418,7 +418,7 @@ BACKENDS = {"tree_triton": False, "tree_triton_masked": True}  # name -> reads t
 def _backend(use_mask: bool):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, tree_parents=None,
                   tree_key_length=None, **kwargs):
-        """A tree-verification forward (`tree.forward_tree` passes `tree_parents` for its queries and
+        """A tree-verification forward (`runner.forward_tree` passes `tree_parents` for its queries and
         the keys it expects: cache + queries) runs on the kernel; every other forward (prefill, plain
         steps, batches, more than MAX_NODES queries, keys laid out otherwise such as a preallocated
         cache, sliding windows or soft-capping) is SDPA's, unchanged."""
@@ -461,7 +461,7 @@ def use_backend(model, name: str) -> str:
 
 
 def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device, cache_len: int) -> dict:
-    """What `tree.forward_tree` passes to the model for these backends: the parents of all the
+    """What `runner.forward_tree` passes to the model for these backends: the parents of all the
     pass's queries (the n_committed uncached committed tokens as a chain, then the tree nodes
     under the last of them). Empty for any other backend, or for a pass that starts inside a
     cached tree (fed > 0: its queries' ancestors are not one prefix) which then runs on SDPA."""

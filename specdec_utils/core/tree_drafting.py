@@ -1,8 +1,8 @@
 """Tree proposers for the engine (notebook 06): Medusa heads, and a draft model that grows a tree.
 
 Both return a `Proposal` with `parents` set; the engine verifies the whole tree in one target pass
-(`tree.forward_tree`), walks it (`verify.verify_tree`) and keeps the accepted path's cache entries
-(`tree.gather_cache`). Candidates are chosen deterministically (top-k), so the per-round pruning
+(`runner.forward_tree`), walks it (`verify.verify_tree`) and keeps the accepted path's cache entries
+(`kv_cache.gather_cache`). Candidates are chosen deterministically (top-k), so the per-round pruning
 rules may read their probabilities and sampled verification stays exact (one-hot q; `tree.py`).
 `DraftTreePolicy(sample_children=True)` instead draws each node's children i.i.d. from the draft's
 warped distribution (SpecInfer), with a shape that never depends on the drawn values.
@@ -102,7 +102,8 @@ class MedusaProposer:
         self.hidden = hidden[-1]  # the state at the position that produced the newest token
 
     def rollback(self, committed: int) -> None:
-        pass
+        if committed == 0:  # a new generation: its first round has no hidden state yet (none of the last one's)
+            self.hidden = None
 
     def template(self, policy: MedusaPolicy, depth: int):
         key = (str(policy.tree), policy.tree_nodes, policy.topk, depth)

@@ -14,7 +14,8 @@ verifier walks from the root and returns a `Verdict`: the accepted nodes (`path`
   what is left. q_c is the distribution child c was drawn from (one-hot for a child chosen
   deterministically, such as a head's top-k guess: accepted with probability p(x_c), and rejected by
   zeroing x_c). For a chain this is Leviathan et al.'s rejection sampling, run by
-  `sampling.rejection_sample`: the same rule, vectorised (the fast path), k + 1 uniforms per round.
+  `sampling.rejection_sample`: the same rule, vectorised (the fast path), k + 1 uniforms per round
+  (`sampling.accept_sampled`, the function the device loop records on the GPU).
 - **typical** (sampling, Medusa's typical acceptance, Cai et al. 2024, Sec. 2.3.1): move to the most
   likely child whose target probability exceeds min(eps, delta * exp(-H(p))), then sample from p.
   It is NOT lossless; it exists to measure how far it moves the output.
@@ -29,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import rejection_sample, residual, sample_token
+from .sampling import accept_greedy, rejection_sample, residual, sample_token
 
 
 class Verdict(NamedTuple):
@@ -53,9 +54,8 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> to
     add the target's own argmax at the first mismatch (or its bonus token after all k).
     draft_tokens [k], target_logits [k+1, V]; returns between 1 and k+1 token ids."""
     target_choice = target_logits.argmax(-1)
-    matches = (draft_tokens == target_choice[:-1]).long()
-    n_accepted = int(matches.cumprod(0).sum())  # length of the leading run of matches
-    return target_choice[:n_accepted + 1]  # equals the accepted drafts, then the target's token
+    n, _ = accept_greedy(draft_tokens.to(target_choice.device), target_choice)  # the leading run of matches
+    return target_choice[:int(n) + 1]  # equals the accepted drafts, then the target's token
 
 
 class Verifier:
@@ -68,9 +68,9 @@ class Verifier:
             if sampler.greedy:
                 tokens = greedy_verify(proposal.tokens, target_logits).tolist()
             else:
-                target_probs = sampler.probs(target_logits)
-                draft_probs = proposal.probs if proposal.probs is not None else target_probs[:0]
-                tokens = rejection_sample(draft_probs, target_probs, proposal.tokens, generator).tolist()
+                # probs None: every draft chosen deterministically (one-hot q), as for trees
+                tokens = rejection_sample(proposal.probs, sampler.probs(target_logits), proposal.tokens,
+                                          generator).tolist()
             return Verdict(tokens, list(range(len(tokens) - 1)))
         return verify_tree(proposal.tokens, proposal.parents, proposal.probs, target_logits, sampler, generator)
 

@@ -4,7 +4,7 @@ assisted generation on the same prompts, and count every forward pass.
     python -m specdec_utils.bench --target smollm2-135m --draft draft-m \\
         --methods ar,greedy,sampling,hf-assisted --max-new-tokens 64 --gamma 4 --out bench.json
     python -m specdec_utils.bench --methods ar,greedy,entropy-stop,adaptive-hf,oracle \\
-        --param entropy-stop.tau=2.5 --dtype bfloat16
+        --param entropy-stop.theta=2.5 --dtype bfloat16
 
 Methods: every method of `specdec_utils.generate` (`methods.METHODS`), plus `hf-assisted`
 (`target.generate(assistant_model=draft)` with a constant gamma, the same algorithm as `greedy`:
@@ -44,7 +44,9 @@ from ..prompts import eval_subset, format_prompt, load_prompts
 from ..utils import device_summary, get_device, quick_mode, timer
 
 HF_METHODS = ("hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
-METHODS = (*engine_methods.METHODS, *HF_METHODS)
+# the engine's methods, their earlier names (`greedy`: `draft` at temperature 0 whatever --temperature says;
+# `sampling`: `draft` at the run's temperature), and transformers' baselines
+METHODS = (*engine_methods.METHODS, *engine_methods.ALIASES, *HF_METHODS)
 GREEDY_METHODS = ("greedy", "oracle")  # decode greedily whatever --temperature says
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -114,8 +116,9 @@ def _param(text: str) -> tuple[str, str, object]:
     key, sep, value = text.partition("=")
     method, dot, name = key.rpartition(".")
     if not (sep and dot and method and name):
-        raise argparse.ArgumentTypeError(f"must look like METHOD.NAME=VALUE (e.g. entropy-stop.tau=2.5), got {text!r}")
-    if method not in engine_methods.METHODS:
+        raise argparse.ArgumentTypeError(f"must look like METHOD.NAME=VALUE (e.g. entropy-stop.theta=2.5), "
+                                         f"got {text!r}")
+    if method not in engine_methods.METHODS and method not in engine_methods.ALIASES:
         raise argparse.ArgumentTypeError(f"unknown method {method!r} in {text!r}; "
                                          f"allowed: {', '.join(engine_methods.METHODS)}")
     allowed = [p for p in engine_methods.policy_parameters(method) if p not in ("reference", "head", "draft")]
@@ -170,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "hf-*; default: %(default)s); the other methods run with their own cap unless "
                              "--param METHOD.gamma=N sets it")
     parser.add_argument("--param", type=_param, action="append", default=[], metavar="METHOD.NAME=VALUE",
-                        help="a policy parameter, e.g. entropy-stop.tau=2.5 (repeatable)")
+                        help="a policy parameter, e.g. entropy-stop.theta=2.5 (repeatable)")
     parser.add_argument("--temperature", type=_type(_temperature, "a number >= 0 (0 means greedy)"),
                         default=0.0, help="for every method but greedy and oracle (default: %(default)s)")
     parser.add_argument("--top-p", type=_type(_top_p, "a number in (0, 1]"), default=1.0)
@@ -212,7 +215,7 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
 
 
 EAGLE_METHODS = ("eagle", "eagle-chain")
-FIXED_LENGTH = ("ar", "greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their
+FIXED_LENGTH = ("ar", "draft", "greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their
 # draft length (`ar` ignores it; its records carry the run's)
 
 

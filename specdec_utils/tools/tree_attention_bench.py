@@ -24,6 +24,7 @@ from ..core import tree as trees
 from ..core import tree_attention as ta
 from ..core.kv_cache import trim_cache
 from ..core.medusa import load_heads
+from ..core.runner import forward_tree
 from ..prompts import eval_subset, format_prompt
 from ..utils import REPO_ROOT
 
@@ -195,13 +196,13 @@ def verification_steps(target, prompt_ids: torch.Tensor, rng: random.Random, sta
             for backend in BACKENDS:
                 ta.use_backend(target, backend)
                 with torch.no_grad():
-                    _, cache = trees.forward_tree(target, ids[:, :-1], nodes[:0], parents[:0], None, num_logits=1)
+                    _, cache = forward_tree(target, ids[:, :-1], nodes[:0], parents[:0], None, num_logits=1)
                     committed = ids.shape[1] - 1
                     times = []
                     for _ in range(25):
                         torch.cuda.synchronize()
                         start = time.perf_counter()
-                        trees.forward_tree(target, ids, nodes, parents, cache, num_logits=size + 1)
+                        forward_tree(target, ids, nodes, parents, cache, num_logits=size + 1)
                         torch.cuda.synchronize()
                         times.append((time.perf_counter() - start) * 1e3)
                         trim_cache(cache, committed)

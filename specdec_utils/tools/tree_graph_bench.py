@@ -252,8 +252,8 @@ def _run_one(loop, label: str, i: int, row: dict, ids, max_new_tokens: int, eos,
         torch.cuda.synchronize()
     return {"id": row["id"], "category": row.get("category"), "method": label, "gamma": loop.gamma,
             "new_token_ids": out.new_token_ids, "wall_s": time.perf_counter() - t0,
-            "new_tokens": len(out.new_token_ids), "target_calls": out.rounds,
-            "drafted": out.rounds * loop.gamma, "accepted": sum(out.accepted)}
+            "new_tokens": len(out.new_token_ids), "target_calls": len(out.rounds),
+            "drafted": len(out.rounds) * loop.gamma, "accepted": out.accepted}
 
 
 def _run_loop(loop, label: str, encoded, rows, max_new_tokens: int, eos, device: str) -> list[dict]:
@@ -289,7 +289,7 @@ def device_identity(args, tokenizer, rows) -> dict:
         for label, loop in loops.items():
             got = loop.generate(ids, args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
             out["methods"][label] += got.new_token_ids == eager
-            taus[label].append(got.tau)
+            taus[label].append(got.tokens_per_round)
         print(json.dumps(out["methods"]), flush=True)
     out["tau"] = {k: sum(v) / len(v) for k, v in taus.items()}
     return out
