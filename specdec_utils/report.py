@@ -56,8 +56,8 @@ def cpu_info() -> dict:
 
 
 def git_commit() -> str:
-    """The short commit the notebook runs from, '+ local changes' when tracked files outside the
-    notebooks differ from it; 'unknown' outside a git checkout."""
+    """The short commit the notebook runs from, '+ local changes' when tracked files other than the notebooks and
+    the figures they draw (what a run of the course writes) differ from it; 'unknown' outside a git checkout."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     try:
@@ -65,7 +65,7 @@ def git_commit() -> str:
         if head.returncode != 0:
             return "unknown"
         changed = [line for line in git("status", "--porcelain", "--untracked-files=no").stdout.splitlines()
-                   if not line[3:].startswith("notebooks/") and line[3:].strip()]
+                   if not line[3:].startswith(("notebooks/", "figures/")) and line[3:].strip()]
         return head.stdout.strip() + (" + local changes" if changed else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -185,3 +185,25 @@ def test_every_readme_block_is_rendered_and_known():
     text = readme_tables.README.read_text()
     names = [m.group("name") for m in readme_tables.BLOCK.finditer(text)]
     assert sorted(names) == sorted(readme_tables.BLOCKS)
+
+
+def test_the_stamp_ignores_what_a_run_of_the_course_writes(tmp_path, monkeypatch):
+    """Notebooks and the figures they draw do not make the stamp say '+ local changes'; any other tracked file does."""
+    import subprocess
+
+    from specdec_utils import report as report_module
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    for name in ("notebooks/a.ipynb", "figures/a.png", "specdec_utils/x.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("1")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    monkeypatch.setattr(report_module, "REPO_ROOT", tmp_path)
+    (tmp_path / "notebooks/a.ipynb").write_text("2")
+    (tmp_path / "figures/a.png").write_text("2")
+    assert not report_module.git_commit().endswith("local changes")
+    (tmp_path / "specdec_utils/x.py").write_text("2")
+    assert report_module.git_commit().endswith(" + local changes")
