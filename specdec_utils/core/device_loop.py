@@ -310,7 +310,7 @@ class DeviceLoop:
         uniforms decide (`sampling.accept_sampled`, notebook 02's rule)."""
         if not self.sampled:
             return accept_greedy(drafts, target)
-        return accept_sampled(drafts, target[:0] if q is None else q, target, self.uniforms[self.gamma:])
+        return accept_sampled(drafts, q, target, self.uniforms[self.gamma:])  # (q None: gamma 0, nothing drafted)
 
     def _round(self):
         g, L = self.gamma, self.L

@@ -167,6 +167,11 @@ for _method in (
 
 METHODS = tuple(REGISTRY)
 ALIASES = {"greedy": "draft", "sampling": "draft"}  # the names before: one method with a temperature
+
+
+def _registered(method: str) -> Method:
+    """The registered method of a name or of one of its earlier names (`ALIASES`)."""
+    return REGISTRY[ALIASES.get(method, method)]
 GREEDY_ONLY = tuple(name for name, m in REGISTRY.items() if m.greedy_only)
 HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
 TREES = ("medusa", "draft-tree", "eagle")
@@ -183,14 +188,14 @@ def method_for_policy(policy: policies.DraftingPolicy) -> Method:
 
 def policy_parameters(method: str) -> list[str]:
     """The parameters a method's policy takes through `params` (gamma comes separately)."""
-    signature = inspect.signature(REGISTRY[ALIASES.get(method, method)].policy.__init__)
+    signature = inspect.signature(_registered(method).policy.__init__)
     return [name for name, p in signature.parameters.items()
             if name not in ("self", "gamma") and p.kind is not inspect.Parameter.VAR_KEYWORD]
 
 
 def default_gamma(method: str):
     """The method's gamma when none is given (None: no cap)."""
-    return inspect.signature(REGISTRY[ALIASES.get(method, method)].policy.__init__).parameters["gamma"].default
+    return inspect.signature(_registered(method).policy.__init__).parameters["gamma"].default
 
 
 def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies.DraftingPolicy:
@@ -198,7 +203,7 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
     params = dict(params or {})
     allowed = policy_parameters(method)
     unknown = sorted(set(params) - set(allowed))
-    renamed = getattr(REGISTRY[ALIASES.get(method, method)].policy, "renamed", {})
+    renamed = getattr(_registered(method).policy, "renamed", {})
     if unknown and unknown[0] in renamed:
         raise ValueError(f"the parameter {unknown[0]!r} of method {method!r} is now {renamed[unknown[0]]!r} (an "
                          f"entropy threshold, in nats; tau names tokens per target pass)")
@@ -207,7 +212,7 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
-    policy_class = REGISTRY[ALIASES.get(method, method)].policy
+    policy_class = _registered(method).policy
     return policy_class(**params) if gamma is None else policy_class(**params, gamma=gamma)
 
 
@@ -254,7 +259,7 @@ def generate(target, input_ids, max_new_tokens: int, method="draft", draft=None,
                              f"in its constructor")
         policy, spec, name, what = method, method_for_policy(method), method.name, f"policy {method.name!r}"
     elif isinstance(method, str) and (method in REGISTRY or method in ALIASES):
-        spec, name, what = REGISTRY[ALIASES.get(method, method)], method, f"method {method!r}"
+        spec, name, what = _registered(method), method, f"method {method!r}"
         if method == "ar" and params:
             raise ValueError(f"method 'ar' takes no params, got {sorted(params)}")
         policy = None
