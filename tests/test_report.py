@@ -181,10 +181,18 @@ def test_readme_check_catches_a_hand_edited_number():
     assert readme_tables.rewrite(edited) == readme_tables.rewrite(text) != edited
 
 
-def test_every_readme_block_is_rendered_and_known():
-    text = readme_tables.README.read_text()
-    names = [m.group("name") for m in readme_tables.BLOCK.finditer(text)]
+def test_every_block_is_rendered_once_and_known():
+    """Every known block sits on exactly one page (README.md's front page or the lab page)."""
+    names = [m.group("name") for page in readme_tables.PAGES for m in readme_tables.BLOCK.finditer(page.read_text())]
     assert sorted(names) == sorted(readme_tables.BLOCKS)
+
+
+def test_the_front_page_is_short():
+    """README.md is a front page (what the course is, the commands, the map, one headline table); results live in the
+    lab page."""
+    text = readme_tables.README.read_text()
+    assert [m.group("name") for m in readme_tables.BLOCK.finditer(text)] == ["runtimes", "bench"]
+    assert len(text.split()) <= 2500, f"README.md has {len(text.split())} words"
 
 
 def test_the_stamp_ignores_what_a_run_of_the_course_writes(tmp_path, monkeypatch):

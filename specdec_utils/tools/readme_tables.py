@@ -1,10 +1,11 @@
-"""README's result tables, rendered from the committed JSON (never typed).
+"""The result tables of README.md and of the lab page (notebooks/lab/README.md), rendered from the committed JSON
+(never typed).
 
     python -m specdec_utils.tools.readme_tables            # print every table
-    python -m specdec_utils.tools.readme_tables --write    # rewrite README.md's result blocks in place
-    python -m specdec_utils.tools.readme_tables --check    # exit 1 if README.md's blocks differ from the JSON
+    python -m specdec_utils.tools.readme_tables --write    # rewrite both pages' result blocks in place
+    python -m specdec_utils.tools.readme_tables --check    # exit 1 if a page's blocks differ from the JSON
 
-A block in README.md sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything between
+A block in either page sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything between
 the two markers is this module's output for NAME. Speedups are against `ar` measured in the same run, with
 a 95% bootstrap interval over prompts (`report.speedup`); the words "fastest" and "tie" come from
 `report.rank` (intervals that overlap are ties).
@@ -22,6 +23,8 @@ from ..utils import REPO_ROOT
 BENCH = REPO_ROOT / "data" / "bench"
 MODELS = REPO_ROOT / "data" / "models"
 README = REPO_ROOT / "README.md"
+LAB = REPO_ROOT / "notebooks" / "lab" / "README.md"   # the lab page: every other result table
+PAGES = (README, LAB)
 
 
 def _load(name: str) -> list | dict:
@@ -474,7 +477,7 @@ def device_loop_cpu_table() -> str:
 
 def eagle_tau_table() -> str:
     """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees, with the training
-    stages behind each head (data/bench/eagle_stages_h200.json) and the course's tau goals judged on the intervals."""
+    stages behind each head (data/bench/eagle_stages_h200.json) and the highest tau of each head with its interval."""
     from . import eagle_tau
     decoded, stages = _load("eagle_tau_cpu_float32.json"), _load("eagle_stages_h200.json")
     shapes = {s["name"]: s for s in decoded["shapes"]}
@@ -485,9 +488,9 @@ def eagle_tau_table() -> str:
         steps = decoded["heads"][r["head"]]["trained_steps"]
         lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | {eagle_tau.describe(shapes[r['shape']])} | "
                      f"{r['tau']:.2f} | {r['tau_round']:.2f} | {r['same_as_ar']}/{r['prompts']} |")
-    verdicts = [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
-                f"{b['tau_round'].value:.2f} against {b['goal']}, {b['verdict']}"
-                for b in eagle_tau.best_against_goals(decoded)]
+    best = [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
+            f"{b['tau_round'].value:.2f} ({b['tau_round'].low:.2f}-{b['tau_round'].high:.2f})"
+            for b in eagle_tau.best_against_goals(decoded)]
     last = stages["stages"][-1]
     board = _load("tree_graph_device_budget_h100.json")
     rates = report.rates_by_repeat(board["records"])
@@ -510,9 +513,9 @@ def eagle_tau_table() -> str:
             f"replayed chain tau {last['eval']['tau_gamma4']:.2f} / {last['eval']['tau_gamma6']:.2f} at gamma "
             f"4 / 6.\n\n"
             + "\n".join(lines) + "\n\nIntervals: 95% bootstrap over prompts; tau per drafting round leaves out the "
-            "prefill's pass and its token (the papers' acceptance length). Tau goals per drafting round (chain of "
-            f"at most {eagle_tau.CHAIN_MAX} drafts >= {eagle_tau.GOALS['eagle-chain']}; dynamic tree >= "
-            f"{eagle_tau.GOALS['eagle']}), best shape per head: " + "; ".join(verdicts) + "." + cost)
+            "prefill's pass and its token (the papers' acceptance length). The highest tau per drafting round of each "
+            f"head (a chain of at most {eagle_tau.CHAIN_MAX} drafts, and a dynamic tree): " + "; ".join(best) + "."
+            + cost)
 
 
 BLOCKS = {"drafts": drafts_table, "ngram": ngram_table, "heads": heads_table, "bench": bench_table,
@@ -536,7 +539,7 @@ def rewrite(text: str) -> str:
     def body(match):
         name = match.group("name")
         if name not in BLOCKS:
-            raise SystemExit(f"README.md has a results block {name!r}; known blocks: {', '.join(BLOCKS)}")
+            raise SystemExit(f"a page has a results block {name!r}; known blocks: {', '.join(BLOCKS)}")
         return match.group(1) + render(name) + "\n" + match.group(4)
     return BLOCK.sub(body, text)
 
@@ -545,26 +548,31 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.readme_tables",
                                      description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite README.md's result blocks")
-    mode.add_argument("--check", action="store_true", help="exit 1 when README.md's blocks differ from the JSON")
+    mode.add_argument("--write", action="store_true", help="rewrite the pages' result blocks")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a page's blocks differ from the JSON")
     args = parser.parse_args(argv)
     if not (args.write or args.check):
         for name in BLOCKS:
             print(f"<!-- results:{name} -->\n{render(name)}\n<!-- /results:{name} -->\n")
         return 0
-    text = README.read_text()
-    new = rewrite(text)
-    if args.check:
-        stale = [m.group("name") for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new)) if m.group(0) != n.group(0)]
-        if stale:
-            print(f"README.md's result blocks differ from the committed JSON: {', '.join(stale)} "
-                  f"(run python -m specdec_utils.tools.readme_tables --write)", file=sys.stderr)
-            return 1
-        print(f"README.md's {len(BLOCK.findall(text))} result blocks match the committed JSON")
-        return 0
-    README.write_text(new)
-    print(f"rewrote {len(BLOCK.findall(new))} result blocks in README.md")
-    return 0
+    status = 0
+    for page in PAGES:
+        where = page.relative_to(REPO_ROOT)
+        text = page.read_text()
+        new = rewrite(text)
+        if args.check:
+            stale = [m.group("name") for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new))
+                     if m.group(0) != n.group(0)]
+            if stale:
+                print(f"{where}'s result blocks differ from the committed JSON: {', '.join(stale)} "
+                      f"(run python -m specdec_utils.tools.readme_tables --write)", file=sys.stderr)
+                status = 1
+            else:
+                print(f"{where}'s {len(BLOCK.findall(text))} result blocks match the committed JSON")
+            continue
+        page.write_text(new)
+        print(f"rewrote {len(BLOCK.findall(new))} result blocks in {where}")
+    return status
 
 
 if __name__ == "__main__":
