@@ -47,7 +47,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 from . import tree_attention
 from .checks import is_count, is_number, require
@@ -242,20 +241,9 @@ class DeviceLoop:
         """The EAGLE head's layer over entries (features [n, F|H], tokens [n]) at positions `rows` [n], its keys
         and values written at slots `slots` (default: the positions), attending where `mask` [n, slots of the head's
         cache] allows (default: slot <= position): (h [n, H], draft-vocabulary logits [n, V'])."""
-        head = self.head
         slots = rows if slots is None else slots
         mask = self.head_cols[None] <= rows[:, None] if mask is None else mask
-        x, r = head.inputs(features, tokens, own)
-        q, k, v = head.qkv(x, rows)  # q [heads, n, d]; k, v [kv heads, n, d]
-        self.head_k.index_copy_(1, slots, k)
-        self.head_v.index_copy_(1, slots, v)
-        n, group, kv, width = rows.shape[0], head.n_heads // head.n_kv, head.n_kv, mask.shape[-1]
-        # the query heads sharing a key/value head become group * n rows of it (the cache is read once)
-        mask = mask[None].expand(group, n, width).reshape(group * n, width)
-        att = F.scaled_dot_product_attention(q.reshape(kv, group * n, -1)[None], self.head_k[None], self.head_v[None],
-                                             attn_mask=mask[None, None])[0]
-        h = head.finish(att.reshape(head.n_heads, n, -1), r)
-        return h, head.logits(h)
+        return self.head.cached_step(features, tokens, rows, self.head_k, self.head_v, slots, mask, own)
 
     def _to_full(self, draft_ids):
         ids = self.head.vocab_ids

@@ -210,6 +210,23 @@ class EagleHead(nn.Module):
         n = self.post_norm(h)
         return h + self.down(F.silu(self.gate(n)) * self.up(n))
 
+    def cached_step(self, features, tokens, positions, keys, values, slots, mask, own: bool):
+        """The head's layer over entries (features [n, F|H], tokens [n]) at `positions` [n] on a key/value buffer
+        `keys`, `values` [kv heads, slots, d]: write the entries' keys and values at `slots` [n], attend where `mask`
+        [n, w] allows over the buffer's first w slots. Returns (h [n, H], draft-vocabulary logits [n, V']). The one
+        copy of the head's cached attention: the host-driven proposer and the device loop both call it."""
+        x, r = self.inputs(features, tokens, own)
+        q, k, v = self.qkv(x, positions)  # q [heads, n, d]; k, v [kv heads, n, d]
+        keys.index_copy_(1, slots, k)
+        values.index_copy_(1, slots, v)
+        n, width, group = tokens.shape[0], mask.shape[-1], self.n_heads // self.n_kv
+        # the query heads sharing a key/value head become group * n rows of it (the buffer is read once)
+        rows_mask = mask[None].expand(group, n, width).reshape(group * n, width)
+        att = F.scaled_dot_product_attention(q.reshape(self.n_kv, group * n, -1)[None], keys[None, :, :width],
+                                             values[None, :, :width], attn_mask=rows_mask[None, None])[0]
+        h = self.finish(att.reshape(self.n_heads, n, -1), r)
+        return h, self.logits(h)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [.., V'] (V' = len(vocab_ids), or the full vocabulary)."""
         return self.out_norm(h) @ self.lm_weight.T
@@ -390,19 +407,9 @@ class EagleProposer:
             self.cache.length = min(self.cache.length, self.fed)
 
     def _layer(self, features, tokens, positions, slots, mask, own: bool):
-        """The head's step on the cache buffers: write the entries' keys and values at `slots`, attend where
-        `mask` [n, window] allows (window = the buffer's first mask.shape[-1] slots)."""
-        head, cache = self.head, self.cache
-        x, r = head.inputs(features, tokens, own)
-        q, k, v = head.qkv(x, positions)
-        cache.k.index_copy_(1, slots, k)
-        cache.v.index_copy_(1, slots, v)
-        window, group = mask.shape[-1], head.n_heads // head.n_kv
-        attended = F.scaled_dot_product_attention(q[None], cache.k[:, :window].repeat_interleave(group, 0)[None],
-                                                  cache.v[:, :window].repeat_interleave(group, 0)[None],
-                                                  attn_mask=mask[None, None])[0]
-        h = head.finish(attended, r)
-        return h, head.logits(h)
+        """The head's step on the cache buffers (`EagleHead.cached_step`): write the entries' keys and values at
+        `slots`, attend where `mask` [n, window] allows (window = the buffer's first mask.shape[-1] slots)."""
+        return self.head.cached_step(features, tokens, positions, self.cache.k, self.cache.v, slots, mask, own)
 
     def step(self, features, tokens, positions, allowed, own: bool):
         """Feed entries (features [n, F|H], tokens [n]) at `positions` [n]; `allowed` [n, cached + n] says which
