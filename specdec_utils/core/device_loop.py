@@ -55,7 +55,7 @@ from .graphs import GraphCache
 from .kv_cache import move_path
 from .plain_llama import PlainLlama, check_plain_llama, recompile_room
 from .runner import attention_backends
-from .sampling import accept_greedy, accept_sampled, draw
+from .sampling import accept_greedy, accept_sampled, accept_tree_greedy, draw
 
 CHUNK = 128  # capacity is rounded up to a multiple of this
 
@@ -592,15 +592,9 @@ class DeviceTreeLoop(DeviceLoop):
             mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
                                  | anc_sel)
         best, features = self.steps["verify_tree"](ids, positions, slots, mask)
-        # accept: right = the target's argmax at the parent; ok = right with every ancestor right
+        # accept: the engine's tree walk (`sampling.accept_tree_greedy`), each node verified at its parent's row
         parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
-        right = nodes == best[parent_row]
-        # (and every ancestor in the tree: a guard that keeps the walk lossless whatever the scores)
-        ok = right & (anc_sel.sum(-1) == depth) & ~(anc_sel & ~right[None]).any(-1)
-        reach = torch.where(ok, depth, 0)
-        n = reach.max()
-        deepest = reach.argmax()
-        bonus = best.gather(0, torch.where(n > 0, 1 + deepest, 0).view(1))
+        n, deepest, bonus = accept_tree_greedy(nodes, parent_row, anc_sel, depth, best)
         # the path: the ancestor (or self) of the deepest right node at each depth 1..D (past n: any node, unused)
         on_path = anc_sel.index_select(0, deepest.view(1)) & (depth[None] == self.offsets[1:D + 1, None])
         path = on_path.float().argmax(-1)  # [D]

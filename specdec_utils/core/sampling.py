@@ -123,6 +123,25 @@ def accept_greedy(drafts: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Ten
     return n, choice.gather(0, n.view(1))
 
 
+def accept_tree_greedy(nodes: torch.Tensor, parent_rows: torch.Tensor, ancestors: torch.Tensor, depth: torch.Tensor,
+                       choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of a token tree, as tensor operations: `nodes` [T] (a parent before its children);
+    `parent_rows` [T] the row of `choice` that verified each node (0 for the root's children, 1 + the parent's index
+    otherwise); `ancestors` [T, T] bool (j is i or one of its ancestors); `depth` [T] (1 for the root's children);
+    `choice` [T + 1] the target's argmax after the root (row 0) and after each node. The walk from the root moves to
+    the first child whose token is the target's choice while there is one: a node is on it when it is that child and
+    all its ancestors are. Returns (n, deepest, after): n (0-dim int64) the accepted depth, `deepest` the last
+    accepted node (any node when n = 0), `after` [1] the target's choice after it. No read back."""
+    right = nodes == choice[parent_rows]
+    earlier = torch.ones_like(ancestors).tril_(-1)  # j < i
+    sibling = (parent_rows[:, None] == parent_rows[None, :]) & earlier
+    first = right & ~(sibling & right[None]).any(-1)  # the first right child of its parent
+    on_walk = first & (ancestors.sum(-1) == depth) & ~(ancestors & ~first[None]).any(-1)
+    reach = torch.cat([depth.new_zeros(1), torch.where(on_walk, depth, 0)])  # row 0: the root (an empty tree too)
+    n, row = reach.max(), reach.argmax()
+    return n, (row - 1).clamp_min(0), choice.gather(0, row.view(1))
+
+
 def accept_sampled(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
                    uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact acceptance of a chain (Leviathan et al. 2023, Algorithm 1) from explicit uniforms: `drafts` [k] drawn

@@ -30,7 +30,8 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import accept_greedy, rejection_sample, residual, sample_token
+from .sampling import accept_greedy, accept_tree_greedy, rejection_sample, residual, sample_token
+from .tree import tree_mask
 
 
 class Verdict(NamedTuple):
@@ -97,8 +98,9 @@ def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: to
     """Walk a tree exactly: greedy at temperature 0, SpecInfer's sampling otherwise. nodes, parents [T];
     target_logits [T + 1, V] (row 0 = root); `q` [T, V]: the distribution each node was drawn from
     (sampled children), or None: every node was chosen deterministically (one-hot q)."""
-    walk = greedy_walk if sampler.greedy else exact_walk
-    return walk(nodes.tolist(), children_lists(parents.tolist()), q, target_logits, sampler, generator)
+    if sampler.greedy:
+        return greedy_walk(nodes, parents, target_logits)
+    return exact_walk(nodes.tolist(), children_lists(parents.tolist()), q, target_logits, sampler, generator)
 
 
 def _row(target_logits, sampler, node: int) -> torch.Tensor:
@@ -106,16 +108,14 @@ def _row(target_logits, sampler, node: int) -> torch.Tensor:
     return sampler.probs(target_logits[node + 1:node + 2])[0]
 
 
-def greedy_walk(tokens, children, q, target_logits, sampler, generator) -> Verdict:
-    choice = target_logits.argmax(-1).tolist()
-    node, path = -1, []
-    while True:
-        want = choice[node + 1]
-        nxt = next((c for c in children[node] if tokens[c] == want), None)
-        if nxt is None:
-            return Verdict([tokens[c] for c in path] + [want], path)
-        path.append(nxt)
-        node = nxt
+def greedy_walk(nodes: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """The greedy walk (`sampling.accept_tree_greedy`, the tensor walk the device loop records), read back once."""
+    nodes, parents = nodes.cpu(), parents.cpu()
+    ancestors = tree_mask(parents)
+    n, deepest, after = accept_tree_greedy(nodes, parents + 1, ancestors, ancestors.sum(-1),
+                                           target_logits.argmax(-1).cpu())
+    path = ancestors[deepest].nonzero().flatten().tolist() if int(n) else []  # ancestors come first (parents[i] < i)
+    return Verdict(nodes[path].tolist() + [int(after)], path)
 
 
 def exact_walk(tokens, children, q, target_logits, sampler, generator) -> Verdict:

@@ -40,8 +40,8 @@ from ..core.methods import generate
 from ..models import load_model
 from ..prompts import build_prompts, format_prompt
 
-GOALS = {"eagle-chain": 2.9, "eagle": 3.5}  # the course's goals for tau per drafting round, held-out prompts
-CHAIN_MAX = 6  # ... for a chain of at most this many drafts
+METHODS = ("eagle-chain", "eagle")
+CHAIN_MAX = 6  # the best chain is taken among chains of at most this many drafts
 SHAPE = re.compile(r"^(?:chain(\d+)|tree(\d+)x(\d+)x(\d+))$")
 
 
@@ -63,11 +63,6 @@ def describe(shape: dict) -> str:
     if shape["method"] == "eagle-chain":
         return f"`eagle-chain`, gamma {shape['gamma']}"
     return f"`eagle`, tree {shape['gamma']}x{shape['params']['width']}x{shape['params']['tree_nodes']}"
-
-
-def against(estimate, goal: float) -> str:
-    """'met' when the whole interval clears `goal`, 'missed' when it lies below, else 'undecided'."""
-    return "met" if estimate.low >= goal else "missed" if estimate.high < goal else "undecided"
 
 
 def parse_heads(text: str) -> dict[str, str]:
@@ -149,20 +144,19 @@ def difference(result: dict, a: str, b: str, *, per_round: bool = True, resample
     return report.bootstrap(list(range(len(result["prompts"]))), one, resamples=resamples, vectorized=many)
 
 
-def best_against_goals(result: dict, measured: list[dict] | None = None) -> list[dict]:
+def best_per_head(result: dict, measured: list[dict] | None = None) -> list[dict]:
     """Per head and method: the shape with the highest tau per drafting round (chains of at most CHAIN_MAX drafts),
-    its goal from GOALS and the verdict (`against`)."""
+    with its interval."""
     measured = summarize(result) if measured is None else measured
     shapes = {s["name"]: s for s in result["shapes"]}
     out = []
     for head in result["heads"]:
-        for method, goal in GOALS.items():
+        for method in METHODS:
             mine = [r for r in measured if r["head"] == head and shapes[r["shape"]]["method"] == method
                     and (method != "eagle-chain" or shapes[r["shape"]]["gamma"] <= CHAIN_MAX)]
             if mine:
                 best = max(mine, key=lambda r: r["tau_round"].value)
-                out.append({"head": head, "method": method, "shape": best["shape"], "tau_round": best["tau_round"],
-                            "goal": goal, "verdict": against(best["tau_round"], goal)})
+                out.append({"head": head, "method": method, "shape": best["shape"], "tau_round": best["tau_round"]})
     return out
 
 

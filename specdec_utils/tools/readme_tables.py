@@ -490,7 +490,7 @@ def eagle_tau_table() -> str:
                      f"{r['tau']:.2f} | {r['tau_round']:.2f} | {r['same_as_ar']}/{r['prompts']} |")
     best = [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
             f"{b['tau_round'].value:.2f} ({b['tau_round'].low:.2f}-{b['tau_round'].high:.2f})"
-            for b in eagle_tau.best_against_goals(decoded)]
+            for b in eagle_tau.best_per_head(decoded)]
     last = stages["stages"][-1]
     board = _load("tree_graph_device_budget_h100.json")
     rates = report.rates_by_repeat(board["records"])
