@@ -117,9 +117,24 @@ def test_full_run_fits_the_course_time(path):
     assert minutes <= FULL_RUN_MINUTES, f"{path.name}: the committed full run took {minutes:.1f} min"
 
 
+def rendered_text(cell) -> str:
+    """What a learner sees of a code cell's outputs: printed text, and of each displayed object one rendering
+    (its markdown, else its plain text; a figure's plain text is its repr, not read)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if "text" in out:
+            parts.append("".join(out["text"]))
+        elif "text/markdown" in data:
+            parts.append("".join(data["text/markdown"]))
+        elif "text/plain" in data and "image/png" not in data:
+            parts.append("".join(data["text/plain"]))
+    return "\n".join(parts)
+
+
 def words_read(nb) -> int:
-    """Words a learner reads: markdown cells and every text the code cells render (tables, sentences, prints)."""
-    return sum(len("".join(c["source"]).split()) if c["cell_type"] == "markdown" else len(outputs_text(c).split())
+    """Words a learner reads: markdown cells and the text the code cells render (tables, sentences, prints)."""
+    return sum(len("".join(c["source"]).split()) if c["cell_type"] == "markdown" else len(rendered_text(c).split())
                for c in nb["cells"])
 
 

@@ -151,7 +151,8 @@ def embed(notebook: Path) -> int:
                 data = base64.b64encode((OUT / f"{name}.png").read_bytes()).decode()
                 cell.setdefault("attachments", {})[f"{name}.png"] = {"image/png": data}
                 filled += 1
-    notebook.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    if filled:
+        notebook.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     return filled
 
 
