@@ -128,11 +128,11 @@ def mean_alpha(target, draft, token_ids: torch.Tensor, **warp) -> float:
     """Mean α_t = Σ min(p_t, q_t) along a text `token_ids` [1, n], both models warped with the same settings
     (temperature, top_k, top_p): the α that section 6's formula needs.
 
-    Answer: α goes **up** for our distilled drafts at a temperature below 1 (section 5's table measures it on
-    one text; this function measures it along section 6's generations): a draft that ranks tokens like its
-    target is sharpened toward the same tokens. A top-p cut removes the tail where the two disagree, which can
-    raise α, but section 5's table shows no gain from adding top-p 0.9 at temperature 0.7 on its text: measure
-    it along the generations rather than assume it. A higher α predicts more tokens per pass and a larger speedup,
+    Answer: α goes **up** for our distilled drafts at a temperature below 1 (the lab notebook's table,
+    `notebooks/lab/02_speculative_sampling_lab.ipynb` section 1, measures it on one text; this function measures
+    it along section 6's generations): a draft that ranks tokens like its target is sharpened toward the same
+    tokens. A top-p cut removes the tail where the two disagree, which can raise α, but that table shows no gain
+    from adding top-p 0.9 at temperature 0.7 on its text: measure it along the generations rather than assume it. A higher α predicts more tokens per pass and a larger speedup,
     (1 - α^(γ+1)) / ((1 - α)(γ c + 1)) (`predicted_speedup`). It depends on the draft: one that ranks tokens
     differently from its target can lose α when sharpened (the toy draft of section 4 does)."""
     p = warp_logits(target(input_ids=token_ids).logits[0, :-1], **warp)
@@ -206,7 +206,7 @@ def simulate_tokens_per_pass(alpha_rows, gamma: int, seed: int = 0, repeats: int
     every α_t replaced by the mean (`constant=True` in `gap_decomposition`: adds only the budget), this
     simulation along the measured α_t (adds α's variation and correlation along the text), and the measurement.
     The largest of the three steps is the assumption that accounts for most of the gap. The budget's step grows
-    with γ and shrinks with longer generations; the step to the measured α_t is what section 6's box describes
+    with γ and shrinks with longer generations; the step to the measured α_t is what the lab notebook's section 3 measures
     (hard first positions pull down, easy runs push up); what is left between the simulation and the measurement
     is the part the α_t of the realized text cannot replay (rounds start right after a surprise of the target's)."""
     rng = np.random.default_rng(seed)

@@ -25,7 +25,7 @@ ANSWERS = {
        "loops back, so it behaves like `hierarchical-noloop`; a high one (3 nats) loops back even when M2 is "
        "unsure and wastes drafts. The adaptive default is well placed when no fixed theta2 is faster outside the "
        "spread (on a 2-core CPU with a handful of prompts, ties are the usual verdict). Whether any theta2 reaches "
-       "the pair is the same question as the notebook's goal: with a free M1 right only a minority of the time "
+       "the pair is the question of the notebook's section 6: with a free M1 right only a minority of the time "
        "under a draft that costs a few percent of the target, the formula leaves a small gain at best (section 4's "
        "ceiling), so expect ties with the pair, not a clear win. Check the chosen theta2 once on evaluation prompts.",
     2: "A kept token was proposed and accepted: P(x kept) = q(x) min(1, p(x)/q(x)) = min(p(x), q(x)), so the kept "

@@ -2,7 +2,7 @@
 
 Each exercise has code and, in `ANSWERS`, its answer in words; `python notebooks/solutions/ch06.py` prints the
 answers with the numbers the code computes (for exercise 3, from the committed training log of the shipped heads:
-your own toy run gives its own numbers, so they are computed, not typed here).
+your own toy run in the lab notebook gives its own numbers, so they are computed, not typed here).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ ANSWERS = {
        "0.76): a draw can repeat a token, and min(1, p/q) is below 1 where q overrates a token. Both emit exactly p: "
        "the residual after each rejection makes every step an exact rejection sample.",
     3: "A guess further ahead is harder: head k must skip k tokens it cannot see, so its held-out top-1 falls with "
-       "k. Look at `head_gap(run_log)` (head 1's top-1 minus the last head's) at the end of your 3-head toy run; the "
-       "shipped heads' committed log shows the same fall at full scale (printed by this script: head 1 against "
-       "head 3). The loss is large: a tree gains little from depth 3 and beyond, which is why the sparse tree "
+       "k. The shipped heads' committed log shows the fall at full scale (printed by this script: head 1 against "
+       "head 3; section 1's table shows it on this machine's sample). In the lab notebook's 3-head toy run, look at "
+       "`head_gap(run_log)` (head 1's top-1 minus the last head's) at the end. The loss is large: a tree gains little from depth 3 and beyond, which is why the sparse tree "
        "spends few nodes there.",
 }
 
@@ -92,7 +92,7 @@ def compare_one_hot_and_drawn(p: torch.Tensor, q: torch.Tensor, k: int = 2):
 
 # 3. Further ahead --------------------------------------------------------------------------
 def head_gap(run_log: list[dict]) -> float:
-    """Head 1's minus the last head's held-out top-1 at the end of a toy run (section 2's log)."""
+    """Head 1's minus the last head's held-out top-1 at the end of a toy run (the lab notebook's section 2 log)."""
     last = [e for e in run_log if "heldout" in e][-1]["heldout"]["top1"]
     return last[0] - last[-1]
 
