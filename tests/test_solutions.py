@@ -202,6 +202,40 @@ def test_ch06_head_gap(ch06):
     assert ch06.head_gap(log) == pytest.approx(0.2)
 
 
+def test_ch07_mask_positions_and_tau():
+    from specdec_utils.core.eagle import eagle_head_for
+    from specdec_utils.core.hidden import capture_hidden
+    ch07 = load("ch07")
+    # 1. the mask: closed-form count, the 3 x 2 case by hand, and never a later position
+    assert int(ch07.ttt_mask(3, 2).sum()) == ch07.allowed_pairs(3, 2) == 15 and ch07.causal_pairs(3, 2) == 21
+    for n, steps in [(1, 1), (5, 1), (4, 3), (7, 5)]:
+        mask = ch07.ttt_mask(n, steps)
+        assert int(mask.sum()) == ch07.allowed_pairs(n, steps)
+        pos = torch.arange(n).repeat(steps)
+        assert not (mask & (pos[None, :] > pos[:, None])).any()
+    # 2. the right positions equal the package's training forward; the bug changes every step after the first
+    target = random_model("tiny-llama", 0)
+    head = eagle_head_for(target, seed=1).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    ids = random_prompt(12, 0)[0]
+    with torch.no_grad(), capture_hidden(target, head.features) as captured:
+        target(input_ids=ids[None])
+        features = captured[0][0]
+        mine = ch07.ttt_forward_positions(head, features, ids, 3)
+        theirs = head.ttt_forward(features[None], ids[None], 3)
+    assert all(torch.allclose(mine[k], theirs[k][0], rtol=1e-4, atol=1e-4) for k in range(3))
+    gaps = ch07.position_bug_gap(head, features, ids, 3)
+    assert gaps[0] < 1e-5 and min(gaps[1:]) > 1e-3
+    # 3. tau from per-step agreement, and the shipped head's committed numbers
+    assert ch07.expected_chain_tau([1.0, 1.0, 1.0], 3) == 4.0
+    assert ch07.expected_chain_tau([0.5, 0.5], 2) == pytest.approx(1.75)
+    assert ch07.expected_chain_tau([0.5], 3) == pytest.approx(1.875)  # past the list: its last value
+    numbers = ch07.shipped_head_numbers()
+    assert numbers["predicted"][4] > numbers["held_out"][4] > 1.0
+
+
 def test_ch08_ancestors_by_lifting_and_bytes():
     import random
 

@@ -64,10 +64,9 @@ in four rounds, while adaptive-hf's -1 per round takes as many rounds as gamma h
 rounds drafts tokens that are all thrown away. `easy_then_hard(easy, hard)` counts it without a model: compare
 'rounds' on the easy text (try easy = 60 and easy = 300) and 'wasted' on the easy-then-hard text. The price of
 the multiplicative rule is overshooting: when an easy stretch ends inside a round of 16, most of it is wasted, and
-a wide verification pass can cost more than one target step (section 2's table), and a pass over 17 tokens was
-not measured there. Which one is faster on your machine is a
-measurement: run both through `bench.run_benchmark` and compare their speedup intervals (`report.compare`); an
-overlap is a tie."""
+a wide verification pass can cost more than one target step (section 2's measured pass costs; a pass over 17
+tokens was not measured there). Which one is faster on your machine is a measurement: run both through
+`bench.run_benchmark` and compare their speedup intervals (`report.compare`); an overlap is a tie."""
 
 
 # Exercise 2 ------------------------------------------------------------------------------------
@@ -88,8 +87,10 @@ Compare `best_fixed_gamma(position_acceptance['greedy'], *cost_ms[dtype])` and t
 with it). With the measured costs the two acceptance models usually pick the same gamma (check it), and both sit
 inside the sweep's tie. Which one is closer in level depends on the run: the profile's a_i come from gamma = 8
 rounds, which mostly start after a rejection, so they can underrate a_1 for short gammas. A formula that prices a
-pass at one target step (the textbook one) misjudges the level and, where passes cost several steps, favours a
-longer gamma; on the notebook's run compare its choice with the measured best. Both can still be off in level, since the isolated pass timings are not exactly what the loop pays."""
+pass at one target step (the textbook one) overrates every gamma wherever a wider pass costs more than one step,
+so its level is too high; whether its choice of gamma moves too depends on how fast the pass cost grows with the
+width: on the notebook's run compare its choice with the measured best. Both models can still be off in level,
+since the isolated pass timings are not exactly what the loop pays."""
 
 
 # Exercise 3 ------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def category_gain(rounds_by_category: dict, t_draft: float, t_verify: dict, max_
 
 ANSWER_4 = """\
 `category_gain` answers it from the profile rounds (tag each round with its prompt's category in section 2's
-`profile_rounds`): the ratio of predicted time with one shared gamma to the time with each category's own best.
+`profile_rounds`; the lab's figure by category shows the measured spread): the ratio of predicted time with one shared gamma to the time with each category's own best.
 Look at how far apart the per-category gammas are and how flat the speedup curve is near its top: where the
 categories' best gammas sit on the flat top of one shared curve, knowing the category gains little (a ratio near
 1); it gains more when one category wants gamma = 1 (the draft is often wrong, a long pass is expensive) and

@@ -40,7 +40,7 @@ ANSWERS = {
        "or 3-token pass costs more than a 5-token one, it can beat a fixed threshold; where verification grows "
        "little at the widths the rule uses, the cost term is close to a draft step and its decisions approach a fixed threshold on the survival "
        "probability, so expect a tie within the spread. Benchmark `CostAwareStop` next to the best fixed "
-       "threshold of section 4 on both dtypes and read `report.verdict(report.speedup(records, 'cost-aware-stop', "
+       "threshold of the lab notebook's sweep (`notebooks/lab/04_entropy_self_verify_lab.ipynb`) on both dtypes and read `report.verdict(report.speedup(records, 'cost-aware-stop', "
        "'<that threshold>'))`.",
 }
 

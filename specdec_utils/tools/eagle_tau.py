@@ -42,8 +42,6 @@ from ..prompts import build_prompts, format_prompt
 
 METHODS = ("eagle-chain", "eagle")
 CHAIN_MAX = 6  # the best chain is taken among chains of at most this many drafts
-# the targets notebook 07 still renders until its rewrite lands (the rewrite shows each head's best tau only)
-GOALS = {"eagle-chain": 2.9, "eagle": 3.5}
 SHAPE = re.compile(r"^(?:chain(\d+)|tree(\d+)x(\d+)x(\d+))$")
 
 
@@ -160,18 +158,6 @@ def best_per_head(result: dict, measured: list[dict] | None = None) -> list[dict
                 best = max(mine, key=lambda r: r["tau_round"].value)
                 out.append({"head": head, "method": method, "shape": best["shape"], "tau_round": best["tau_round"]})
     return out
-
-
-def against(estimate, goal: float) -> str:
-    """'met' when the whole interval clears `goal`, 'missed' when it lies below, else 'undecided'."""
-    return "met" if estimate.low >= goal else "missed" if estimate.high < goal else "undecided"
-
-
-def best_against_goals(result: dict, measured: list[dict] | None = None) -> list[dict]:
-    """`best_per_head` with each method's target from GOALS and the verdict (`against`): notebook 07 until its
-    rewrite lands."""
-    return [{**best, "goal": GOALS[best["method"]], "verdict": against(best["tau_round"], GOALS[best["method"]])}
-            for best in best_per_head(result, measured)]
 
 
 def main(argv=None) -> int:
