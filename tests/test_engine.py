@@ -156,12 +156,12 @@ def check_round_statistics(result):
     assert len(rounds) == result.target_calls
     assert sum(r.drafted for r in rounds) == result.drafted
     assert sum(r.accepted for r in rounds) == result.accepted == sum(result.accepted_per_position)
-    assert sum(r.draft_forwards for r in rounds) == result.draft_calls
+    assert sum(r.draft_calls for r in rounds) == result.draft_calls
     assert sum(r.new_tokens for r in rounds) == len(result.new_token_ids)
     for r in rounds:
         assert 0 <= r.accepted <= r.drafted
         if r.stop != "tree":  # a tree round drafts many nodes per forward (one per level, or none: Medusa)
-            assert r.drafted <= r.draft_forwards
+            assert r.drafted <= r.draft_calls
         assert r.new_tokens <= r.accepted + 1
         assert min(r.draft_ms, r.verify_ms, r.bookkeeping_ms) >= 0
         assert r.stop in {"gamma", "budget", "no draft", "entropy", "confidence", "adaedl", "learned", "oracle",
@@ -322,7 +322,7 @@ class PeekingProposer(DraftModelProposer):
         keep = 0
         while keep < k and p[keep, proposal.tokens[keep]] >= proposal.probs[keep, proposal.tokens[keep]]:
             keep += 1
-        return Proposal(proposal.tokens[:keep], proposal.probs[:keep], "peek", proposal.forwards, proposal.vocab)
+        return Proposal(proposal.tokens[:keep], proposal.probs[:keep], "peek", proposal.draft_calls, proposal.vocab)
 
 
 @pytest.mark.stat

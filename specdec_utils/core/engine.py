@@ -49,13 +49,13 @@ class RoundStats:
     among them ends the output, so `new_tokens` may be fewer than `accepted` + 1); `stop` says
     why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token budget left no
     room for more), "no draft" (plain decoding), or the policy's own reason ("entropy", ...).
-    `draft_forwards` counts draft passes (a policy that stops *before* a token has paid for the
+    `draft_calls` counts draft passes (a policy that stops *before* a token has paid for the
     pass that told it to stop). Times are wall-clock milliseconds on the host."""
     gamma: int
     drafted: int
     accepted: int
     stop: str
-    draft_forwards: int
+    draft_calls: int
     new_tokens: int
     draft_ms: float
     verify_ms: float
@@ -187,7 +187,7 @@ class DraftStep:
 @dataclass
 class Proposal:
     """A round's candidates: `tokens` [k] and, when sampling, `probs` [k, V], the distributions
-    q_i they were drawn from (what rejection sampling needs). `forwards` counts draft passes;
+    q_i they were drawn from (what rejection sampling needs). `draft_calls` counts draft passes;
     `detail` holds a proposer's own per-round counts, copied to `RoundStats.detail`.
 
     A tree (notebook 06) also sets `parents` [k] (`tree.py`: parents[i] < i, -1 = a child of the
@@ -197,7 +197,7 @@ class Proposal:
     tokens: torch.Tensor
     probs: torch.Tensor | None
     stop: str
-    forwards: int
+    draft_calls: int
     vocab: int | None = None  # logits per position of the proposing model, once it ran
     detail: dict = field(default_factory=dict)
     parents: torch.Tensor | None = None
@@ -369,10 +369,10 @@ def _decode(target: ModelRunner, proposer, policy, verifier, input_ids, max_new_
         for position in range(n_accepted):
             result.accepted_per_position[position] += 1
         result.target_calls += 1
-        result.draft_calls += proposal.forwards
+        result.draft_calls += proposal.draft_calls
         result.drafted += k
         result.accepted += n_accepted
-        stats = RoundStats(gamma, k, n_accepted, stop, proposal.forwards, len(kept),
+        stats = RoundStats(gamma, k, n_accepted, stop, proposal.draft_calls, len(kept),
                            (t1 - t0) * 1e3, (t2 - t1) * 1e3, 0.0, proposal.detail)
         policy.observe(stats)
         stats.bookkeeping_ms = (time.perf_counter() - t2) * 1e3

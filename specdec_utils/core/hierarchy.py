@@ -186,7 +186,7 @@ class HierarchicalProposer:
         watch = _Watch(policy, entropies)
         if not self.is_ngram:
             proposal = self.small.propose(seq, limit, watch, sampler, generator, index)
-            detail["small_forwards"] += proposal.forwards
+            detail["small_forwards"] += proposal.draft_calls
             tokens = proposal.tokens.tolist()
             rows = list(proposal.probs) if proposal.probs is not None else [None] * len(tokens)
         else:

@@ -87,7 +87,7 @@ def runners_for(mode: str, *models, runner=ModelRunner):
 def run(out_path, max_new_tokens, parts):
     torch.manual_seed(0)
     preset = get_preset("offline")
-    res = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16 (part 1: float32)",
+    res = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16 (the float32 identity check in float32)",
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
            "date": datetime.date.today().isoformat(), "max_new_tokens": max_new_tokens,
            "cache_capacity": f"prompt + {static_cache.CHUNK}, rounded up to a multiple of {static_cache.CHUNK}",
