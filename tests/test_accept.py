@@ -70,6 +70,53 @@ def test_accept_greedy_is_the_leading_run_of_matches():
         assert int(n) == run and after.tolist() == [int(choice[run])]
 
 
+def _host_tree_walk(nodes, parents, q, p, generator):
+    """SpecInfer's walk as a host loop drawing each uniform when it needs it: the reference for the tensor walk."""
+    children = {-1: []}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    node, path = -1, []
+    while True:
+        rest, kept = p[node + 1].double(), None
+        for c in children.get(node, []):
+            x = nodes[c]
+            q_row = torch.zeros_like(rest).index_fill_(0, torch.tensor([x]), 1.0) if q is None else q[c].double()
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) * float(q_row[x]) < float(rest[x]):
+                kept = c
+                break
+            rest = sampling.residual(rest, q_row)
+        if kept is None:
+            return path, int(draw(rest[None], torch.rand(1, generator=generator, dtype=torch.float64))[0])
+        path.append(kept)
+        node = kept
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_tensor_tree_walk_equals_the_host_walk_and_reads_as_many_uniforms(deterministic):
+    """`accept_tree_sampled` on random trees (sampled or one-hot children, vocabularies of 3 so rejections and
+    residuals happen): the same path and token as the host walk from the same seed, and through `verify.exact_walk`
+    the generator left where the host walk leaves it."""
+    from specdec_utils.core import verify
+    rng = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        size = int(torch.randint(0, 8, (), generator=rng))
+        parents = [int(torch.randint(-1, i, (), generator=rng)) for i in range(size)]
+        q = None if deterministic else torch.softmax(2 * torch.randn(size, 3, generator=rng), -1)
+        nodes = [int(torch.randint(0, 3, (), generator=rng)) if q is None else
+                 int(torch.multinomial(q[i], 1, generator=rng)) for i in range(size)]
+        p = torch.softmax(2 * torch.randn(size + 1, 3, generator=rng), -1)
+        path, token = _host_tree_walk(nodes, parents, q, p, host := torch.Generator().manual_seed(trial))
+        uniforms = torch.rand(size + 1, generator=torch.Generator().manual_seed(trial), dtype=torch.float64)
+        on_path, tried, after = sampling.accept_tree_sampled(torch.tensor(nodes, dtype=torch.long),
+                                                             torch.tensor(parents, dtype=torch.long) + 1, q, p, uniforms)
+        assert on_path.nonzero().flatten().tolist() == path and int(after) == token
+        walked = verify.exact_walk(torch.tensor(nodes, dtype=torch.long), torch.tensor(parents, dtype=torch.long), q,
+                                   p, type("Rows", (), {"probs": staticmethod(lambda rows: rows)}),
+                                   engine := torch.Generator().manual_seed(trial))
+        assert walked.path == path and walked.tokens[-1] == token
+        assert torch.equal(engine.get_state(), host.get_state())
+
+
 def test_accept_sampled_with_one_hot_q_is_exact_for_one_round():
     """A deterministic draft x: kept with probability p(x) (u_0 * 1 < p(x)); after a rejection the token comes from
     p with x removed, so the first emitted token is distributed as p. Checked on grids of u_0 and of u_1."""

@@ -7,7 +7,7 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core import tree as trees
-from specdec_utils.core import tree_drafting, verify
+from specdec_utils.core import sampling, tree_drafting, verify
 from specdec_utils.core.engine import Sampler
 from specdec_utils.core.kv_cache import gather_cache
 from specdec_utils.core.medusa import MedusaHeads, capture_hidden, load_heads
@@ -251,7 +251,7 @@ def _planted_counts(small_vocab, monkeypatch, plant):
 def test_planted_bug_no_residual_after_a_rejection_fails(small_vocab, monkeypatch):
     """Trying the next sibling against the full p (not p minus the rejected candidate)."""
     p = _planted_counts(small_vocab, monkeypatch,
-                        lambda mp: mp.setattr(verify, "residual", lambda p, q: p))
+                        lambda mp: mp.setattr(sampling, "residual", lambda p, q: p))
     assert p < 1e-6
 
 

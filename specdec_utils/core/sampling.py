@@ -142,6 +142,40 @@ def accept_tree_greedy(nodes: torch.Tensor, parent_rows: torch.Tensor, ancestors
     return n, (row - 1).clamp_min(0), choice.gather(0, row.view(1))
 
 
+def accept_tree_sampled(nodes: torch.Tensor, parent_rows: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact acceptance of a token tree (SpecInfer's multi-step speculative sampling, Miao et al. 2024) from
+    explicit uniforms, as tensor operations: `nodes` [T] (a parent before its children), `parent_rows` [T] the row
+    of `p` that verifies each node (0 for the root's children, 1 + the parent's index otherwise), `q` [T, V] the
+    distribution each node was drawn from (None: every node chosen deterministically, one-hot q), `p` [T + 1, V]
+    the target's warped rows (row 0 after the root), `uniforms` [T + 1] in [0, 1) (float64).
+
+    The walk starts at the root with r = p_0 and tries its children in index order: child c (token x) is kept iff
+    u * q_c(x) < r(x); then the walk moves to c with r = p_c; after a rejection r <- norm(max(0, r - q_c))
+    (`residual`). When no child of the current node is kept, the token after the path is drawn from r. One pass
+    over the nodes in index order is the whole walk: a node's children come after it, and a node tried after the
+    walk left its parent is skipped. The j-th node tried uses uniforms[j] and the final draw the next one, so a
+    walk that tries t nodes reads t + 1 uniforms, in the order a host walk drawing them one by one would.
+    Returns (on_path [T] bool, tried (0-dim int64), after [1]); no read back."""
+    nodes, parent_rows = nodes.to(p.device), parent_rows.to(p.device)
+    rows = p.double()
+    current = torch.zeros((), dtype=torch.long, device=p.device)  # the row of the node the walk stands on
+    tried = torch.zeros((), dtype=torch.long, device=p.device)
+    rest = rows[0]
+    kept = []
+    for i in range(nodes.shape[0]):
+        x = nodes[i:i + 1]
+        q_row = torch.zeros_like(rest).scatter_(0, x, 1.0) if q is None else q[i].double()
+        child = parent_rows[i] == current
+        keep = child & (uniforms.gather(0, tried.view(1))[0] * q_row.gather(0, x)[0] < rest.gather(0, x)[0])
+        rest = torch.where(keep, rows[i + 1], torch.where(child, residual(rest, q_row), rest))
+        current = torch.where(keep, i + 1, current)
+        tried = tried + child.long()
+        kept.append(keep)
+    on_path = torch.stack(kept) if kept else torch.zeros(0, dtype=torch.bool, device=p.device)
+    return on_path, tried, draw(rest[None], uniforms.gather(0, tried.view(1)))
+
+
 def accept_sampled(drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
                    uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact acceptance of a chain (Leviathan et al. 2023, Algorithm 1) from explicit uniforms: `drafts` [k] drawn

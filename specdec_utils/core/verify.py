@@ -11,7 +11,7 @@ verifier walks from the root and returns a `Verdict`: the accepted nodes (`path`
 - **exact** (sampling): SpecInfer's multi-step speculative sampling (Miao et al. 2024). Try the
   children in turn; child c is accepted with probability min(1, p(x_c) / q_c(x_c)); after a
   rejection p <- norm(max(p - q_c, 0)) (`sampling.residual`); after all rejections sample from
-  what is left. q_c is the distribution child c was drawn from (one-hot for a child chosen
+  what is left (`sampling.accept_tree_sampled`, tensor operations on explicit uniforms). q_c is the distribution child c was drawn from (one-hot for a child chosen
   deterministically, such as a head's top-k guess: accepted with probability p(x_c), and rejected by
   zeroing x_c). For a chain this is Leviathan et al.'s rejection sampling, run by
   `sampling.rejection_sample`: the same rule, vectorised (the fast path), k + 1 uniforms per round
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from .sampling import accept_greedy, accept_tree_greedy, rejection_sample, residual, sample_token
+from .sampling import accept_greedy, accept_tree_greedy, accept_tree_sampled, rejection_sample, sample_token
 from .tree import tree_mask
 
 
@@ -100,7 +100,7 @@ def verify_tree(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: to
     (sampled children), or None: every node was chosen deterministically (one-hot q)."""
     if sampler.greedy:
         return greedy_walk(nodes, parents, target_logits)
-    return exact_walk(nodes.tolist(), children_lists(parents.tolist()), q, target_logits, sampler, generator)
+    return exact_walk(nodes, parents, q, target_logits, sampler, generator)
 
 
 def _row(target_logits, sampler, node: int) -> torch.Tensor:
@@ -118,25 +118,23 @@ def greedy_walk(nodes: torch.Tensor, parents: torch.Tensor, target_logits: torch
     return Verdict(nodes[path].tolist() + [int(after)], path)
 
 
-def exact_walk(tokens, children, q, target_logits, sampler, generator) -> Verdict:
-    """SpecInfer's walk; `q` [T, V] the distribution each node was drawn from, or None (one-hot)."""
-    node, path = -1, []
-    while True:
-        p = _row(target_logits, sampler, node).to("cpu", torch.float64)
-        accepted = None
-        for c in children[node]:
-            x = tokens[c]
-            q_row = None if q is None else q[c].to("cpu", torch.float64)
-            q_x = 1.0 if q_row is None else float(q_row[x])
-            # accept iff u * q(x) < p(x), as in `sampling.rejection_sample` (probability min(1, p/q))
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) * q_x < float(p[x]):
-                accepted = c
-                break
-            p = residual(p, _one_hot(x, p) if q_row is None else q_row)
-        if accepted is None:
-            return Verdict([tokens[c] for c in path] + [sample_token(p, generator)], path)
-        path.append(accepted)
-        node = accepted
+def exact_walk(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: torch.Tensor, sampler,
+               generator) -> Verdict:
+    """SpecInfer's walk (`sampling.accept_tree_sampled`, tensor operations), read back once; `q` [T, V] the
+    distribution each node was drawn from, or None (one-hot). The walk reads one uniform per node it tries and one
+    for its last token: it is handed T + 1, and `generator` is then left exactly that many draws on, as a walk
+    drawing them one by one would leave it."""
+    generator = torch.default_generator if generator is None else generator
+    state = generator.get_state()
+    uniforms = torch.rand(len(nodes) + 1, generator=generator, dtype=torch.float64)
+    device = target_logits.device
+    on_path, tried, after = accept_tree_sampled(nodes.to(device), parents.to(device) + 1,
+                                                None if q is None else q.to(device), sampler.probs(target_logits),
+                                                uniforms.to(device))
+    generator.set_state(state)
+    torch.rand(int(tried) + 1, generator=generator, dtype=torch.float64)  # the uniforms the walk used, no more
+    path = on_path.nonzero().flatten().tolist()
+    return Verdict(nodes.cpu()[path].tolist() + [int(after)], path)
 
 
 def typical_walk(tokens, children, target_logits, sampler, generator, eps, delta) -> Verdict:
@@ -149,9 +147,3 @@ def typical_walk(tokens, children, target_logits, sampler, generator, eps, delta
             return Verdict([tokens[c] for c in path] + [sample_token(p, generator)], path)
         node = max(good, key=lambda c: float(p[tokens[c]]))
         path.append(node)
-
-
-def _one_hot(x: int, like: torch.Tensor) -> torch.Tensor:
-    row = torch.zeros_like(like)
-    row[x] = 1
-    return row
