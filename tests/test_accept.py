@@ -107,8 +107,8 @@ def test_the_tensor_tree_walk_equals_the_host_walk_and_reads_as_many_uniforms(de
         p = torch.softmax(2 * torch.randn(size + 1, 3, generator=rng), -1)
         path, token = _host_tree_walk(nodes, parents, q, p, host := torch.Generator().manual_seed(trial))
         uniforms = torch.rand(size + 1, generator=torch.Generator().manual_seed(trial), dtype=torch.float64)
-        on_path, tried, after = sampling.accept_tree_sampled(torch.tensor(nodes, dtype=torch.long),
-                                                             torch.tensor(parents, dtype=torch.long) + 1, q, p, uniforms)
+        ids, parent_ids = torch.tensor(nodes, dtype=torch.long), torch.tensor(parents, dtype=torch.long)
+        on_path, tried, after = sampling.accept_tree_sampled(ids, parent_ids + 1, q, p, uniforms)
         assert on_path.nonzero().flatten().tolist() == path and int(after) == token
         walked = verify.exact_walk(torch.tensor(nodes, dtype=torch.long), torch.tensor(parents, dtype=torch.long), q,
                                    p, type("Rows", (), {"probs": staticmethod(lambda rows: rows)}),

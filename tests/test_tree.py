@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specdec_utils import generate
+from specdec_utils.core import sampling, tree_drafting
 from specdec_utils.core import tree as trees
-from specdec_utils.core import sampling, tree_drafting, verify
 from specdec_utils.core.engine import Sampler
 from specdec_utils.core.kv_cache import gather_cache
 from specdec_utils.core.medusa import MedusaHeads, capture_hidden, load_heads

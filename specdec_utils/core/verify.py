@@ -11,9 +11,10 @@ verifier walks from the root and returns a `Verdict`: the accepted nodes (`path`
 - **exact** (sampling): SpecInfer's multi-step speculative sampling (Miao et al. 2024). Try the
   children in turn; child c is accepted with probability min(1, p(x_c) / q_c(x_c)); after a
   rejection p <- norm(max(p - q_c, 0)) (`sampling.residual`); after all rejections sample from
-  what is left (`sampling.accept_tree_sampled`, tensor operations on explicit uniforms). q_c is the distribution child c was drawn from (one-hot for a child chosen
-  deterministically, such as a head's top-k guess: accepted with probability p(x_c), and rejected by
-  zeroing x_c). For a chain this is Leviathan et al.'s rejection sampling, run by
+  what is left (`sampling.accept_tree_sampled`, tensor operations on explicit uniforms). q_c is
+  the distribution child c was drawn from (one-hot for a child chosen deterministically, such as
+  a head's top-k guess: accepted with probability p(x_c), and rejected by zeroing x_c). For a
+  chain this is Leviathan et al.'s rejection sampling, run by
   `sampling.rejection_sample`: the same rule, vectorised (the fast path), k + 1 uniforms per round
   (`sampling.accept_sampled`, the function the device loop records on the GPU).
 - **typical** (sampling, Medusa's typical acceptance, Cai et al. 2024, Sec. 2.3.1): move to the most
