@@ -14,11 +14,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MAX_QUOTED = 150          # quoted numbers (decimal point, %, x, thousands) in the whole course's markdown
 FULL_RUN_MINUTES = 10     # a full run of one notebook on the course CPU
 LESSON_WORDS = 4500       # what a learner reads in one lesson (markdown and rendered text): about 45 minutes
-COURSE_WORDS = 50000      # the whole course, once every lesson is cut
-# Lessons whose cut into one lesson is still pending (each has a rewrite waiting to be executed): until then their
-# words may not grow, and the verdicts they still print are listed. Remove an entry when its lesson lands.
-PENDING_WORDS: dict[str, int] = {}
-PENDING_VERDICTS: set[str] = set()
+COURSE_WORDS = 50000      # the whole course
 
 
 def load(path):
@@ -144,16 +140,14 @@ def words_read(nb) -> int:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_lesson_is_short_enough_to_finish(path):
-    words, limit = words_read(load(path)), PENDING_WORDS.get(path.stem, LESSON_WORDS)
-    assert words <= limit, (f"{path.name}: a learner reads {words:,} words (at most {limit:,}); move boards, "
-                            "tunings and profiles to its lab notebook in notebooks/lab/")
+    words = words_read(load(path))
+    assert words <= LESSON_WORDS, (f"{path.name}: a learner reads {words:,} words (at most {LESSON_WORDS:,}); move "
+                                   "boards, tunings and profiles to its lab notebook in notebooks/lab/")
 
 
 def test_the_course_is_short_enough_to_finish():
-    """At most COURSE_WORDS, plus what the pending lessons still carry above a lesson's length."""
     words = {path.stem: words_read(load(path)) for path in NOTEBOOKS}
-    allowed = COURSE_WORDS + sum(limit - LESSON_WORDS for limit in PENDING_WORDS.values())
-    assert sum(words.values()) <= allowed, f"the course asks {sum(words.values()):,} words: {words}"
+    assert sum(words.values()) <= COURSE_WORDS, f"the course asks {sum(words.values()):,} words: {words}"
 
 
 VERDICTS = re.compile(r"(?-i:\bMISSED\b)|\bgoals?\b|\b(?:is|are|was|not) met\b|\bset itself\b|\blease[sd]?\b",
@@ -171,9 +165,6 @@ def test_the_course_never_grades_itself(path):
     else:
         text = path.read_text()
     found = sorted(set(m.group(0) for m in VERDICTS.finditer(text)))
-    if path.stem in PENDING_VERDICTS and path.parent.name == "notebooks":
-        assert found, f"{path.name} no longer grades itself: remove it from PENDING_VERDICTS"
-        return
     assert not found, f"{path.name} grades the course against its own targets or uses lab words: {found}"
 
 

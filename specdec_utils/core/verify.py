@@ -129,9 +129,8 @@ def exact_walk(nodes: torch.Tensor, parents: torch.Tensor, q, target_logits: tor
     state = generator.get_state()
     uniforms = torch.rand(len(nodes) + 1, generator=generator, dtype=torch.float64)
     device = target_logits.device
-    on_path, tried, after = accept_tree_sampled(nodes.to(device), parents.to(device) + 1,
-                                                None if q is None else q.to(device), sampler.probs(target_logits),
-                                                uniforms.to(device))
+    on_path, tried, after = accept_tree_sampled(nodes, parents + 1, None if q is None else q.to(device),
+                                                sampler.probs(target_logits), uniforms.to(device))
     generator.set_state(state)
     torch.rand(int(tried) + 1, generator=generator, dtype=torch.float64)  # the uniforms the walk used, no more
     path = on_path.nonzero().flatten().tolist()
