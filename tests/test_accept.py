@@ -236,7 +236,7 @@ def test_generate_runs_a_method_on_the_device_executor():
                                                           len(engine.rounds))])
     assert n >= 10 and device.new_token_ids[:n] == engine.new_token_ids[:n]
     for method, kwargs, message in (("entropy-stop", {}, "runs on the engine"),
-                                    ("eagle", {"temperature": 1.0}, "greedy and unpruned"),
+                                    ("eagle", {"params": {"prune": "confidence"}}, "unpruned"),
                                     ("draft", {"executor": "device"}, "executor must be None")):
         with pytest.raises(ValueError, match=message):
             generate(target, ids, 5, method=method, draft=draft, eagle=head,

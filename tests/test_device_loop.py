@@ -9,7 +9,7 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core import eagle
-from specdec_utils.core.device_loop import DeviceLoop, sample_rows
+from specdec_utils.core.device_loop import DeviceLoop, DeviceTreeLoop, sample_rows
 from specdec_utils.core.engine import Sampler
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
@@ -106,7 +106,6 @@ def test_the_recorded_round_gives_the_target_alones_tokens():
     head = random_eagle_head(target, 2)  # made on the CPU, then moved with the target
     target, head = target.cuda(), head.cuda()
     cases = loops(target, draft, head)
-    from specdec_utils.core.device_loop import DeviceTreeLoop
     cases["eagle tree 4x3x12"] = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=12)
     cases["eagle tree 3x2x5, compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5, compile=True)
     cases["eagle tree 3x2x5, round compiled"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5,
@@ -228,17 +227,19 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     engine = {r["method"]: r for r in board["records"] if "(engine)" in r["method"]}
     assert engine["greedy (engine)"]["gamma"] == board["gammas"]["greedy (device)"]
     assert all(len(r["new_token_ids"]) == 8 for r in board["records"])
-    # sampled: the draft's chain is `sampling`, the engine samples too, the tree (greedy only) is left out
+    # sampled: the draft's chain is `sampling`, the tree samples by SpecInfer's walk, the engine samples too
     run("--part", "device-tune", "--temperature", "1", "--gammas", "2", "--trees", "3x2x4",
         "--out", str(tmp_path / "tune_sampled.json"))
     tune = json.loads((tmp_path / "tune_sampled.json").read_text())
     assert tune["temperature"] == 1 and [r["method"] for r in tune["results"]] == ["sampling (device)",
-                                                                                   "eagle-chain (device)"]
+                                                                                   "eagle-chain (device)",
+                                                                                   "eagle (device)"]
     run("--part", "device-board", "--temperature", "1", "--repeats", "1",
         "--tuned", str(tmp_path / "tune_sampled.json"), "--out", str(tmp_path / "board_sampled.json"))
     board = json.loads((tmp_path / "board_sampled.json").read_text())
     assert {r["method"] for r in board["records"]} == {"ar (device)", "sampling (device)", "eagle-chain (device)",
-                                                        "ar (engine)", "sampling (engine)", "eagle-chain (engine)"}
+                                                        "eagle (device)", "ar (engine)", "sampling (engine)",
+                                                        "eagle-chain (engine)"}
     assert board["temperature"] == 1 and not any("same_as_device_ar" in r for r in board["records"])
 
 
@@ -543,6 +544,46 @@ def test_a_sampled_loop_draws_what_the_engine_draws():
         assert n >= 20 and got.new_token_ids[:n] == engine.new_token_ids[1:1 + n], seed
 
 
+@pytest.mark.stat
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_sampled_device_tree_is_exact_over_whole_outputs_and_a_planted_bug_fails(four_tokens, monkeypatch, bug):
+    """The device tree's SpecInfer walk (`sampling.accept_tree_sampled`, the head's children one-hot) writes the
+    target's exact distribution over 5 tokens; with the residual forgotten after a rejection (the rejected child's
+    token drawn again from r itself) the same test fails."""
+    target, prompt, _, exact = four_tokens
+    if bug:
+        from specdec_utils.core import sampling
+        monkeypatch.setattr(sampling, "residual", lambda rest, q_row: rest)
+    loop = DeviceTreeLoop(target, random_eagle_head(target, 7), depth=2, topk=2, nodes=4, temperature=1.0)
+    draws = 600 if bug else 2000  # (the bug's p: about 1e-18)
+    counts = sample_outputs(lambda g: loop.generate(prompt, 5, generator=g).new_token_ids, draws)
+    p = chi_square_p_value(counts, exact[(1.0, 0, 1.0)])
+    assert p < 1e-6 if bug else p > 1e-3
+
+
+def test_a_sampled_device_tree_draws_what_the_engine_draws():
+    """The tree's walk reads one uniform per node it tries and one for the token after, so the round is handed
+    nodes + 1 and the generator is left as many draws on as the round used: with the same seed the device tree writes
+    the engine's sampled EAGLE tokens (the engine's first round drafts nothing and draws one uniform: the device tree
+    starts after it), up to the engine's first round whose tree is smaller than the device's."""
+    target = random_model("tiny-llama", seed=0, vocab=16)
+    head = random_eagle_head(target, 2)
+    loop = DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10, temperature=1.0)
+    kept = 0
+    for seed in range(3):
+        ids = random_prompt(9, seed=seed, vocab=16)
+        engine = generate(target, ids, 40, method="eagle", eagle=head, gamma=4, temperature=1.0,
+                          params={"width": 3, "tree_nodes": 10}, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        torch.rand(1, generator=generator, dtype=torch.float64)
+        rounds = engine.rounds[1:]
+        n = sum(r.accepted + 1 for r in rounds[:next((i for i, r in enumerate(rounds) if r.drafted < 10), len(rounds))])
+        got = loop.generate(torch.cat([ids, torch.tensor([engine.new_token_ids[:1]])], 1), 39, generator=generator)
+        assert n >= 20 and got.new_token_ids[:n] == engine.new_token_ids[1:1 + n], seed
+        kept += sum(got.accepted_per_round)
+    assert kept > 0  # some rounds keep nodes (and so use more of their draws than others)
+
+
 def test_a_sampled_loop_repeats_its_draws_and_accepts_a_copy_of_the_target():
     """The same seed gives the same tokens (the draws come from the caller's generator); a draft equal to the target
     has every draft accepted (q = p: u q < p for every u < 1); other seeds give other texts."""
@@ -555,7 +596,6 @@ def test_a_sampled_loop_repeats_its_draws_and_accepts_a_copy_of_the_target():
 
 
 def test_sampling_refuses_what_it_cannot_run():
-    from specdec_utils.core.device_loop import DeviceTreeLoop
     target = tiny_model("tiny-llama", vocab_size=64)
     for options, message in (({"temperature": -1.0}, "temperature must be"),
                              ({"temperature": 1e-9}, "temperature must"),
@@ -563,8 +603,8 @@ def test_sampling_refuses_what_it_cannot_run():
                              ({"temperature": 1.0, "top_k": -2}, "top_k must be")):
         with pytest.raises(ValueError, match=message):
             DeviceLoop(target, gamma=0, **options)
-    with pytest.raises(ValueError, match="greedy only"):
-        DeviceTreeLoop(target, eagle.eagle_head_for(target), depth=2, topk=2, nodes=3, temperature=1.0)
+    with pytest.raises(ValueError, match="temperature must be"):
+        DeviceTreeLoop(target, eagle.eagle_head_for(target), depth=2, topk=2, nodes=3, temperature=-1.0)
     with pytest.raises(ValueError, match="generator must be"):
         DeviceLoop(target, gamma=0, temperature=1.0).generate(torch.tensor([[5, 6]]), 3, generator=7)
 

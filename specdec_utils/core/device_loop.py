@@ -39,7 +39,10 @@ on the CPU against transformers' forward and measured on the GPU). Sampled chain
 
 The round's 2 gamma + 1 uniforms are drawn on the host from the caller's `torch.Generator` (float64, like the
 engine's) and copied into a static buffer before the round: the same seed gives the same draws on any device,
-and the copy is a write, so the round still reads back once. The tree (`DeviceTreeLoop`) is greedy only.
+and the copy is a write, so the round still reads back once. A sampled tree (`DeviceTreeLoop`) walks its nodes
+with the engine's tensor walk (`sampling.accept_tree_sampled`, SpecInfer's rule), which reads one uniform per node it
+tries and one for the token after: the round is handed nodes + 1 uniforms, reads back how many it used, and the
+generator is left exactly that many draws on, as the engine's walk leaves it.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ from .graphs import GraphCache
 from .kv_cache import move_path
 from .plain_llama import PlainLlama, check_plain_llama, recompile_room
 from .runner import attention_backends
-from .sampling import accept_greedy, accept_sampled, accept_tree_greedy, draw
+from .sampling import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled, draw
 
 CHUNK = 128  # capacity is rounded up to a multiple of this
 
@@ -184,9 +187,12 @@ class DeviceLoop:
         with torch.inference_mode(False):
             self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
             self.L = torch.zeros(1, dtype=torch.long, device=device)
-            self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=device)
-            # a sampled round's draws: gamma for the drafts, gamma for the acceptances, one for the token after
-            self.uniforms = torch.zeros(2 * self.gamma + 1, dtype=torch.float64, device=device)
+            # a round's read-back: n, the tokens at L .. L + gamma, and how many of its uniforms it used
+            self.out = torch.zeros(self.gamma + 3, dtype=torch.long, device=device)
+            # a sampled round's draws (a chain: gamma for the drafts, gamma for the acceptances, one for the token
+            # after, all used; a tree: `_draws`)
+            self.uniforms = torch.zeros(self._draws(), dtype=torch.float64, device=device)
+            self.all_used = torch.full((1,), self.uniforms.shape[0] if self.sampled else 0, device=device)
             if self.head is not None:
                 head = self.head
                 weight = head.k.weight
@@ -202,6 +208,10 @@ class DeviceLoop:
         self.offsets = torch.arange(self.gamma + 2, device=device)
         self.graph = None  # recorded on the old buffers: the graph and its pool go
         self.recorded.invalidate()
+
+    def _draws(self) -> int:
+        """How many uniforms a round is handed."""
+        return 2 * self.gamma + 1
 
     # ------------------------------------------------------------------ the steps (compiled with compile=True)
     def _visible(self, rows):
@@ -310,16 +320,18 @@ class DeviceLoop:
         self.tokens.index_copy_(0, L + n, after)  # the target's own token after them
         return self._finish(L, n, rows, features)
 
-    def _finish(self, L, n, rows, features):
+    def _finish(self, L, n, rows, features, used=None):
         """The end of a round that kept n drafts: for an EAGLE head, its entries (feature p, token p+1) for the
         verified positions `rows` [gamma + 1] (`features`: the target's at those positions); entry L + n - 1, whose
         token is the newest committed one (at L + n), drafts the next round (rows past it are overwritten before being
-        read). Then the round's result into `out` (n, the tokens at L .. L + gamma) and L += n + 1."""
+        read). Then the round's result into `out` (n, the tokens at L .. L + gamma, the uniforms `used` [1], default
+        all of them) and L += n + 1."""
         if self.head is not None:
             h, logits = self.steps["head"](features, self.tokens.index_select(0, rows + 1), rows, own=False)
             self.h0.copy_(h.index_select(0, n.view(1)))
             self.logits0.copy_(logits.index_select(0, n.view(1)))
-        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:self.gamma + 1])]))
+        self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:self.gamma + 1]),
+                                  self.all_used if used is None else used.view(1)]))
         self.L.add_(n + 1)
         return self.out
 
@@ -397,15 +409,20 @@ class DeviceLoop:
         start = time.perf_counter()
         self._begin(ids)
         new, accepted = [], []
+        generator = torch.default_generator if generator is None else generator
         while not finished(new, max_new_tokens, eos):
             if self.sampled:  # this round's draws, written into the buffer the round reads
+                state = generator.get_state()
                 self.uniforms.copy_(torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64))
             if self.graph is not None:
                 self.graph.replay()
                 out = self.out.tolist()  # the round's only read-back
             else:
                 out = self.round_fn().tolist()
-            n = out[0]
+            n, used = out[0], out[-1]
+            if self.sampled and used < self.uniforms.shape[0]:  # the generator left as many draws on as were used
+                generator.set_state(state)
+                torch.rand(used, generator=generator, dtype=torch.float64)
             accepted.append(n)
             append_until_eos(new, out[1:n + 2], eos)
         return self._result(new[:max_new_tokens], accepted, time.perf_counter() - start)
@@ -473,8 +490,8 @@ class DeviceLoop:
 
 
 class DeviceTreeLoop(DeviceLoop):
-    """EAGLE-2's dynamic tree with the whole round on the device (greedy), in fixed shapes, so that one CUDA graph
-    replays it (the static form of the tree that SGLang records):
+    """EAGLE-2's dynamic tree with the whole round on the device, greedy or sampled, in fixed shapes, so that one
+    CUDA graph replays it (the static form of the tree that SGLang records):
 
     grow    from the head's output for the newest committed entry, the `topk` best tokens are depth 1; then for
             each depth d < `depth`, the `topk` frontier nodes are fed to the head in one step (each attends to the
@@ -484,9 +501,11 @@ class DeviceTreeLoop(DeviceLoop):
             outranks its parent: it adds a log-probability <= 0, and a tie goes to the earlier candidate, the parent)
     verify  one target pass over the newest committed token (the root, slot L-1) and the nodes (slots L..L+nodes-1,
             positions L-1+depth), each seeing the committed prefix, its ancestors and itself
-    accept  a node is right when its token is the target's argmax at its parent; the deepest node whose ancestors are
-            all right gives n, the target's argmax there the token after them (siblings hold distinct tokens, so
-            at most one child of a node can be right: the accepted path is unique)
+    accept  greedy: a node is right when its token is the target's argmax at its parent; the deepest node whose
+            ancestors are all right gives n, the target's argmax there the token after them (siblings hold distinct
+            tokens, so at most one child of a node can be right: the accepted path is unique). Sampled: SpecInfer's
+            walk over the target's warped rows (`sampling.accept_tree_sampled`; the head's children are chosen, not
+            drawn: one-hot q), nodes + 1 uniforms handed to the round, the number it used read back
     commit  the path's tokens into `tokens`, their keys and values copied to slots L..L+depth-1 (one gather per
             buffer), the head's entries for the path computed from the path's target features, L += n + 1
 
@@ -494,11 +513,8 @@ class DeviceTreeLoop(DeviceLoop):
     topk + (depth - 1) * topk^2, the verified rows nodes + 1."""
 
     def __init__(self, target, head, depth: int = 6, topk: int = 4, nodes: int = 24, capacity: int = 512,
-                 graphs: bool | None = None, compile: bool = False, temperature: float = 0.0,
-                 attention: str = "sdpa"):
-        if temperature != 0:
-            raise ValueError(f"the device tree is greedy only (temperature 0), got temperature {temperature!r}; a "
-                             f"sampled EAGLE tree runs on the engine: generate(..., method='eagle', temperature=...)")
+                 graphs: bool | None = None, compile: bool = False, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, attention: str = "sdpa"):
         for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -513,7 +529,7 @@ class DeviceTreeLoop(DeviceLoop):
         self.topk, self.nodes, self.pool = topk, nodes, pool
         self.scratch = (depth - 1) * topk  # the frontier entries of depths 1..depth-1, past the positions
         super().__init__(target, head=head, gamma=depth, capacity=capacity, graphs=graphs, compile=compile,
-                         attention=attention)
+                         temperature=temperature, top_k=top_k, top_p=top_p, attention=attention)
         self.method = "eagle"
         self.steps["verify_tree"] = self._verify_tree
         if self.compiled:
@@ -526,12 +542,15 @@ class DeviceTreeLoop(DeviceLoop):
     def set_gamma(self, gamma: int) -> None:
         raise ValueError("a device tree's shape is fixed by (depth, topk, nodes): build a new DeviceTreeLoop")
 
+    def _draws(self) -> int:
+        return self.nodes + 1  # one per node the walk may try, one for the token after
+
     def _verify_tree(self, ids, positions, slots, mask):
         """The target's pass over a tree: `ids` [n] at `positions` [n], written at `slots` [n], attending where `mask`
-        allows (`_target_pass`: [n, capacity], or with attention="triton" the rows' [n, n] block): (its argmax at
-        every row [n], the EAGLE features [n, F])."""
+        allows (`_target_pass`: [n, capacity], or with attention="triton" the rows' [n, n] block): (its `_choice` at
+        every row: the argmax [n] or the warped distribution [n, V]; the EAGLE features [n, F])."""
         x, tapped = self._target_pass(ids, positions, slots, mask)
-        return self.target.logits(x)[0].argmax(-1), torch.cat(tapped, -1)[0]
+        return self._choice(self.target.logits(x)[0]), torch.cat(tapped, -1)[0]
 
     def _grow(self, L):
         """The candidate pool: (draft-vocabulary tokens [pool], path log-probabilities [pool], parents [pool]: a
@@ -591,10 +610,15 @@ class DeviceTreeLoop(DeviceLoop):
             mask = (self.cols[None] <= L - 1).expand(N + 1, -1).clone()
             mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
                                  | anc_sel)
-        best, features = self.steps["verify_tree"](ids, positions, slots, mask)
-        # accept: the engine's tree walk (`sampling.accept_tree_greedy`), each node verified at its parent's row
+        choice, features = self.steps["verify_tree"](ids, positions, slots, mask)
+        # accept: the engine's tree walk (`sampling`), each node verified at its parent's row
         parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
-        n, deepest, bonus = accept_tree_greedy(nodes, parent_row, anc_sel, depth, best)
+        used = None
+        if self.sampled:  # SpecInfer's walk; the deepest kept node ends the path (any node when none is kept)
+            kept, tried, bonus = accept_tree_sampled(nodes, parent_row, None, choice, self.uniforms)
+            n, deepest, used = kept.long().sum(), torch.where(kept, depth, 0).argmax(), tried + 1
+        else:
+            n, deepest, bonus = accept_tree_greedy(nodes, parent_row, anc_sel, depth, choice)
         # the path: the ancestor (or self) of the deepest right node at each depth 1..D (past n: any node, unused)
         on_path = anc_sel.index_select(0, deepest.view(1)) & (depth[None] == self.offsets[1:D + 1, None])
         path = on_path.float().argmax(-1)  # [D]
@@ -603,7 +627,7 @@ class DeviceTreeLoop(DeviceLoop):
         for buffer in (self.target.keys, self.target.values):  # the path's keys and values to slots L .. L+D-1
             move_path(buffer, 3, L, path)
         rows = L - 1 + self.offsets[:D + 1]  # the root and the path's nodes, now at positions L - 1 .. L + D - 1
-        return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])))
+        return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])), used)
 
     def _allocate(self, capacity: int) -> None:
         super()._allocate(capacity)
@@ -623,7 +647,7 @@ class DeviceExecutor:
     method's rounds on the device (`DeviceLoop`, `DeviceTreeLoop`: a round recorded as one CUDA graph on a GPU, op by
     op elsewhere) instead of the engine's host loop, with the same acceptance and sampling functions and the same
     result type. Methods whose rounds have one fixed shape run here: `ar`, `draft` (and its names `greedy`,
-    `sampling`), `eagle-chain`, and `eagle` (greedy, no pruning); the others (a policy that stops mid-round, a
+    `sampling`), `eagle-chain`, and `eagle` (no pruning); the others (a policy that stops mid-round, a
     hierarchy, Medusa, a draft's tree) are refused in one line. The executor keeps one loop per (method, models,
     shape, sampling settings), so a second call replays what the first recorded; `graphs`, `compile`, `attention`
     and `capacity` are `DeviceLoop`'s options."""
@@ -647,12 +671,13 @@ class DeviceExecutor:
                              f"with their own policy; {name!r} runs on the engine (leave out executor=...)")
         options = dict(self.options)
         if method == "eagle":
-            if not sampler.greedy or policy.prune != "none":
-                raise ValueError("the device executor runs EAGLE's tree greedy and unpruned (temperature 0, "
-                                 "prune='none'); a sampled or pruned tree runs on the engine")
-            key = (method, target, head, policy.gamma, policy.width, policy.tree_nodes)
+            if policy.prune != "none":
+                raise ValueError("the device executor runs EAGLE's tree unpruned (prune='none'; its shape is fixed); "
+                                 "a pruned tree runs on the engine")
+            key = (method, target, head, policy.gamma, policy.width, policy.tree_nodes, sampler)
             make = lambda: DeviceTreeLoop(target, head, depth=policy.gamma, topk=policy.width,  # noqa: E731
-                                          nodes=policy.tree_nodes, **options)
+                                          nodes=policy.tree_nodes, temperature=sampler.temperature,
+                                          top_k=sampler.top_k, top_p=sampler.top_p, **options)
         else:
             gamma = 0 if method == "ar" else policy.gamma
             models = {"draft": draft if method == "draft" else None, "head": head if method == "eagle-chain" else None}

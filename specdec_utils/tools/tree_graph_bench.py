@@ -30,8 +30,8 @@ and the same chains), `--repeats` times.
 loop labelled `eagle DxTxN (device)` (notebook 07 compares EAGLE-2's default budget with the tuned tree this way).
 
 `--temperature T` (device-tune and device-board): the chains sampled (the device loop's sampled round; the draft's
-chain is then `sampling`), each prompt's draws from a generator seeded with its index, beside the engine's sampled
-methods; the device tree is greedy only and is left out.
+chain is then `sampling`), and the tree sampled by SpecInfer's walk, each prompt's draws from a generator seeded with
+its index, beside the engine's sampled methods.
 """
 from __future__ import annotations
 
@@ -163,8 +163,8 @@ def _label(name: str, attention: str) -> str:
 
 def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict, temperature: float = 0.0,
                   attentions: tuple = ("sdpa",)) -> dict:
-    """The device loops: `ar`, the draft's chain and the head's chain (at `temperature`), and EAGLE's tree (greedy
-    only: left out when sampling), once per attention in `attentions`."""
+    """The device loops: `ar`, the draft's chain, the head's chain and EAGLE's tree (each at `temperature`), once per
+    attention in `attentions`."""
     loops = {}
     for attention in attentions:
         warp = {"capacity": capacity, "compile": compiled, "temperature": temperature, "attention": attention}
@@ -175,11 +175,10 @@ def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: d
         if "eagle-chain" in gammas:
             loops[_label("eagle-chain", attention)] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
                                                                  **warp)
-        if gammas.get("eagle") and not temperature:
+        if gammas.get("eagle"):
             depth, topk, nodes = gammas["eagle"]
             loops[_label("eagle", attention)] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
-                                                               capacity=capacity, compile=compiled,
-                                                               attention=attention)
+                                                               **warp)
     return loops
 
 
@@ -229,11 +228,11 @@ def _device_setup(args, tokenizer, rows, dtype):
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
                            "eagle": tree}, args.temperature, _attentions(args))
-    for depth, topk, nodes in extra if not args.temperature else ():  # more trees beside --tree, one loop each
+    for depth, topk, nodes in extra:  # more trees beside --tree, one loop each
         for attention in _attentions(args):
             loops[_label(f"eagle {depth}x{topk}x{nodes}", attention)] = DeviceTreeLoop(
                 target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity, compile=_compile(args),
-                attention=attention)
+                temperature=args.temperature, attention=attention)
     for loop in loops.values():
         loop.prepare()
     return target, draft, eagle, encoded, capacity, loops, time.perf_counter() - t0
@@ -342,11 +341,11 @@ def device_tune(args, tokenizer, _rows) -> dict:
                     json.dump({**out, "partial": True}, f, indent=1)
         mine = [r for r in out["results"] if r["method"] == label]
         out["best"][label] = max(mine, key=lambda r: r["tok_per_s"])["gamma"]
-    for depth, topk, nodes in shapes if not args.temperature else ():  # (the device tree is greedy only)
+    for depth, topk, nodes in shapes:
         shape = f"{depth}x{topk}x{nodes}"
         t0 = time.perf_counter()
         loop = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes, capacity=capacity,
-                              compile=_compile(args), attention=args.attention)
+                              compile=_compile(args), temperature=args.temperature, attention=args.attention)
         loop.prepare()
         prepare_s = time.perf_counter() - t0
         records = _run_loop(loop, _label("eagle", args.attention), encoded, rows, args.max_new_tokens, eos,
@@ -393,7 +392,7 @@ def device_board(args, tokenizer, rows) -> dict:
            "attention": args.attention, "float32_ar": bool(args.float32_ar),
            "order": "interleaved: prompt by prompt, each prompt through every loop, the order rotated per prompt",
            "temperature": args.temperature,
-           "gammas": {k: v.gamma for k, v in loops.items()}, "tree": "" if args.temperature else args.tree,
+           "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
@@ -535,7 +534,7 @@ def main(argv=None) -> int:
     ap.add_argument("--whole-round", action="store_true",
                     help="device parts: compile each loop's whole round as one graph (DeviceLoop(compile='round'))")
     ap.add_argument("--temperature", type=float, default=0.0,
-                    help="device-tune and device-board: sample the chains at this temperature (0: greedy; no tree)")
+                    help="device-tune and device-board: sample the chains and the tree at this temperature (0: greedy)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: the same code op by op (nothing recorded; compiled only with --whole-round)")
     args = ap.parse_args(argv)
