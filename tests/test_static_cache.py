@@ -65,6 +65,35 @@ def test_rollback_moves_a_pointer_and_copies_nothing(pair):
     assert not torch.equal(cache.layers[0].keys[:, :, 20:25], before[:, :, 20:25])
 
 
+def test_one_buffer_holds_every_layer_and_the_plain_llamas_cache(pair):
+    """The cache is one stacked buffer per kind (keys, values) whose slices are the layers' `keys`/`values`, before and
+    after growing; the GPU engine's plain Llama keeps its cache in the same class; a tree's commit (`gather_cache`)
+    moves the path in every layer at once, as moving it layer by layer would."""
+    from specdec_utils.core.kv_cache import gather_cache
+    from specdec_utils.core.plain_llama import PlainLlama
+    target, _ = pair
+    cache = StaticKVCache.for_model(target, 64)
+    with torch.inference_mode():
+        forward_uncached(target, random_prompt(150, seed=4), cache)  # grows past 128: every layer re-pointed
+    assert cache.capacity == 256 and cache.keys.shape[0] == len(cache.layers)
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys.data_ptr() == cache.keys[i].data_ptr()
+        assert layer.values.data_ptr() == cache.values[i].data_ptr()
+    per_layer = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    keep = torch.tensor([3, 5, 9])
+    gather_cache(cache, 80, keep)
+    for (keys, values), layer in zip(per_layer, cache.layers):
+        for before, after in ((keys, layer.keys), (values, layer.values)):
+            assert torch.equal(after[:, :, :80], before[:, :, :80])
+            assert torch.equal(after[:, :, 80:83], before[:, :, 80 + keep])
+    assert cache.length == 83
+    core = PlainLlama(target, 1, 128)
+    assert isinstance(core.cache, StaticKVCache) and core.keys is core.cache.keys and core.keys.shape[3] == 128
+    core.keys[0, 0, 0, 5] = 1.0
+    core.grow(200)
+    assert core.capacity == core.keys.shape[3] == 256 and float(core.keys[0, 0, 0, 5, 0]) == 1.0
+
+
 def test_growth_keeps_the_contents(pair):
     target, _ = pair
     ids = random_prompt(300, seed=6)

@@ -30,6 +30,23 @@ def test_device_override_and_bad_name(monkeypatch):
         utils.get_device("tpu")
 
 
+def test_the_dtype_follows_the_hardware(monkeypatch):
+    """float32 on a CPU (bfloat16 beside it where a notebook measures it), bfloat16 on a GPU of compute capability
+    8.0 on, float16 on an older one (a T4: 7.5), and SPECDEC_DTYPE forces one or fails in one line."""
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
+    assert utils.default_dtype("cpu") == torch.float32 and utils.low_precision_dtype("cpu") == torch.bfloat16
+    for capability, dtype in (((9, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 5), torch.float16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert utils.default_dtype("cuda") == utils.low_precision_dtype("cuda") == dtype, capability
+    monkeypatch.setenv("SPECDEC_DTYPE", "float16")
+    assert utils.default_dtype("cpu") == utils.low_precision_dtype("cuda") == torch.float16
+    monkeypatch.setenv("SPECDEC_DTYPE", "float32")  # every model in float32; the comparison dtype still follows
+    assert utils.default_dtype("cuda") == torch.float32 and utils.low_precision_dtype("cuda") == torch.float16
+    monkeypatch.setenv("SPECDEC_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="allowed: float32, bfloat16, float16"):
+        utils.default_dtype("cpu")
+
+
 def test_seed_everything_is_reproducible():
     g1 = utils.seed_everything(7)
     a = torch.rand(3), torch.rand(3, generator=g1)
@@ -53,6 +70,15 @@ def test_time_fn_counts_runs_and_rejects_bad_counts():
     assert len(runs) == 7 and len(out["times"]) == 5 and out["min"] <= out["median"]
     with pytest.raises(ValueError, match="repeats >= 1"):
         utils.time_fn(lambda: None, repeats=0)
+
+
+def test_time_fn_warms_a_gpu_up_longer(monkeypatch):
+    """A GPU's first passes pay one-time costs: by default 10 untimed calls there, 2 on a CPU."""
+    monkeypatch.setattr(utils, "synchronize", lambda device=None: None)
+    for device, calls in (("cpu", 2 + 3), (None, 2 + 3), ("cuda", utils.GPU_WARMUP + 3)):
+        runs = []
+        utils.time_fn(lambda: runs.append(1), repeats=3, device=device)
+        assert len(runs) == calls, device
 
 
 def test_progress_can_be_switched_off(monkeypatch):

@@ -69,7 +69,9 @@ def gather_cache(cache, prefix: int, keep: torch.Tensor):
     if k and not bool((keep == torch.arange(k, device=keep.device)).all()):  # already in place otherwise
         if isinstance(cache, tuple):
             raise ValueError("gather_cache needs a transformers Cache object, not a legacy tuple")
-        for layer in cache.layers:
-            for buffer in (layer.keys, layer.values):  # [batch, heads, positions, head_dim]
-                move_path(buffer, buffer.dim() - 2, prefix, keep)
+        stacked = getattr(cache, "keys", None)  # the course's StaticKVCache: every layer in one buffer
+        buffers = (cache.keys, cache.values) if isinstance(stacked, torch.Tensor) else \
+            [buffer for layer in cache.layers for buffer in (layer.keys, layer.values)]
+        for buffer in buffers:  # [(layers,) batch, heads, positions, head_dim]
+            move_path(buffer, buffer.dim() - 2, prefix, keep)
     return trim_cache(cache, prefix + k)

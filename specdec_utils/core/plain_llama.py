@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from .kv_cache import move_path
 from .runner import ModelRunner, attention_backends
-from .static_cache import CHUNK
+from .static_cache import CHUNK, StaticKVCache
 from .tree import check_parents, is_chain, tree_allowed, tree_mask
 from .tree_attention import block_attention
 
@@ -57,11 +57,11 @@ def _theta(config) -> float:
 
 
 class PlainLlama:
-    """A Llama model's weights (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, as
-    transformers' `LlamaForCausalLM` computes them) and a KV buffer [layers, batch, kv_heads, capacity,
-    head_dim], in plain torch: every shape and address is fixed by (batch, tokens fed, capacity), so a
-    step can be compiled and recorded as a CUDA graph. The weights are the model's own tensors (fused
-    copies for q/k/v and gate/up)."""
+    """A Llama model's weights (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, as transformers'
+    `LlamaForCausalLM` computes them) and a KV buffer [layers, batch, kv_heads, capacity, head_dim] (the stacked
+    buffers of a `static_cache.StaticKVCache`, the engine's own), in plain torch: every shape and address is
+    fixed by (batch, tokens fed, capacity), so a step can be compiled and recorded as a CUDA graph. The weights
+    are the model's own tensors (fused copies for q/k/v and gate/up)."""
 
     def __init__(self, model, batch: int, capacity: int):
         config = model.config
@@ -82,22 +82,25 @@ class PlainLlama:
         self.to_draft = getattr(model, "full_to_draft", None)
         self.to_full = getattr(model, "draft_to_full", None)
         self.full_vocab = getattr(config, "full_vocab_size", None)
+        self.cache = StaticKVCache(len(self.layers), capacity)
+        self.cache.allocate(batch, self.kv_heads, self.head_dim, self.dtype, self.device)
         self.capacity = 0
-        self.keys = self.values = None
         self.grow(capacity)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.cache.keys
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.cache.values
 
     def grow(self, capacity: int) -> None:
         """Room for `capacity` positions (buffers reallocated, the cache copied; rotary tables extended)."""
         if capacity <= self.capacity:
             return
-        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
-            keys = torch.zeros(len(self.layers), self.batch, self.kv_heads, capacity, self.head_dim,
-                               dtype=self.dtype, device=self.device)
-            values = torch.zeros_like(keys)
-        if self.keys is not None:
-            keys[..., :self.capacity, :] = self.keys
-            values[..., :self.capacity, :] = self.values
-        self.keys, self.values, self.capacity = keys, values, capacity
+        self.cache.reserve(capacity)
+        capacity = self.capacity = self.cache.capacity
         inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, device=self.device).float() / self.head_dim)
         angles = torch.arange(capacity, device=self.device).float()[:, None] * inv_freq[None]
         angles = torch.cat([angles, angles], -1)

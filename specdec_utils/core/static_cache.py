@@ -18,6 +18,12 @@ CUDA graph needs. The same object serves both.
 It is a transformers `Cache` whose layers subclass `DynamicLayer`, overriding only what a layer
 does with its tensors (`update`, `get_seq_length`, `crop`); what that relies on is listed, and
 tested, in `compat.py`.
+
+It is also the course's one KV buffer: the cache holds every layer's keys in one tensor
+[layers, batch, KV heads, capacity, head_dim] (and the values in another), each layer's `keys` a
+view of its slice. The plain Llama of the GPU engine (`plain_llama.PlainLlama`, the device loop)
+keeps its keys and values in a `StaticKVCache` too, writing at slots as a graphed forward does, and a
+tree's commit is one gather over the whole buffer (`kv_cache.move_path`).
 """
 from __future__ import annotations
 
@@ -30,21 +36,19 @@ CHUNK = 128  # capacity: room for this many more positions, rounded up to a mult
 
 
 class PreallocatedLayer(CacheLayer):
-    """One layer's keys and values: `keys`/`values` are the whole buffers [B, H_kv, capacity, D];
-    the first `length` positions hold the cache."""
+    """One layer's keys and values: `keys`/`values` are the whole buffers [B, H_kv, capacity, D], views of the
+    cache's stacked buffers; the first `length` positions hold the cache."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, owner: StaticKVCache):
         super().__init__()
         self.capacity, self.length = capacity, 0
         self.slots = None  # graphed mode: a tensor of the positions this forward writes
+        self.owner = owner  # the cache whose stacked buffers hold this layer's
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
+        """The first write: the cache allocates every layer's buffers at once, shaped like these states."""
         b, h, _, d = key_states.shape
-        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
-            self.keys = key_states.new_zeros(b, h, self.capacity, d)
-            self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
-        self.is_initialized = True
+        self.owner.allocate(b, h, d, key_states.dtype, key_states.device)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -62,15 +66,8 @@ class PreallocatedLayer(CacheLayer):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def grow(self, needed: int) -> None:
-        """Reallocate to the next multiple of CHUNK >= needed (amortised: eager mode only)."""
-        capacity = -(-needed // CHUNK) * CHUNK
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            with torch.inference_mode(False):
-                new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
-            new[:, :, :self.length] = old[:, :, :self.length]
-            setattr(self, name, new)
-        self.capacity = capacity
+        """Reallocate every layer's buffers to the next multiple of CHUNK >= needed (amortised: eager mode only)."""
+        self.owner.reserve(needed)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -95,7 +92,23 @@ class StaticKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int = CHUNK):
         if not isinstance(num_layers, int) or num_layers < 1 or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"StaticKVCache needs num_layers >= 1 and capacity >= 1, got {num_layers!r}, {capacity!r}")
-        super().__init__(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
+        super().__init__(layers=[PreallocatedLayer(capacity, self) for _ in range(num_layers)])
+        self.keys = self.values = None  # [layers, batch, KV heads, capacity, head_dim], allocated at the first write
+
+    def allocate(self, batch: int, kv_heads: int, head_dim: int, dtype, device) -> None:
+        """Allocate the stacked buffers for every layer (zeros), at the current capacity."""
+        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
+            self.keys = torch.zeros(len(self.layers), batch, kv_heads, self.capacity, head_dim, dtype=dtype,
+                                    device=device)
+            self.values = torch.zeros_like(self.keys)
+        self._point_layers()
+
+    def _point_layers(self) -> None:
+        """Each layer's `keys`/`values`: its slice of the stacked buffers."""
+        for i, layer in enumerate(self.layers):
+            layer.keys, layer.values = self.keys[i], self.values[i]
+            layer.capacity, layer.dtype, layer.device = self.keys.shape[3], self.keys.dtype, self.keys.device
+            layer.is_initialized = True
 
     @classmethod
     def for_model(cls, model, capacity: int = CHUNK) -> StaticKVCache:
@@ -128,12 +141,21 @@ class StaticKVCache(Cache):
             layer.slots = slots
 
     def reserve(self, capacity: int) -> None:
-        """Make room for `capacity` positions now (allocating the buffers if they exist)."""
-        for layer in self.layers:
-            if layer.is_initialized and capacity > layer.capacity:
-                layer.grow(capacity)
-            elif not layer.is_initialized:
-                layer.capacity = max(layer.capacity, -(-capacity // CHUNK) * CHUNK)
+        """Make room for `capacity` positions now, rounded up to a multiple of CHUNK: the buffers, if they exist, are
+        reallocated and every position copied over (new addresses: a graph recorded on the old ones must go)."""
+        if capacity <= self.capacity:
+            return
+        capacity = -(-capacity // CHUNK) * CHUNK
+        if self.keys is None:
+            for layer in self.layers:
+                layer.capacity = capacity
+            return
+        old = (self.keys, self.values)
+        with torch.inference_mode(False):
+            self.keys, self.values = (buffer.new_zeros(*buffer.shape[:3], capacity, buffer.shape[-1]) for buffer in old)
+        for new, buffer in zip((self.keys, self.values), old):
+            new[..., :buffer.shape[3], :] = buffer
+        self._point_layers()
 
 
 def supports_static_cache(model) -> bool:

@@ -50,9 +50,9 @@ import torch.nn.functional as F
 
 from ..core.plain_llama import PlainLlama
 from ..core.runner import attention_backends
-from ..models import default_dtype, load_model
+from ..models import load_model
 from ..prompts import build_prompts, format_prompt
-from ..utils import get_device
+from ..utils import default_dtype, get_device
 
 BATCH_KINDS = {"chat": 0.4, "train": 0.1, "opening": 0.15, "code": 0.2, "docs": 0.15}  # share of batches
 KINDS, MODES = tuple(BATCH_KINDS), ("greedy", "sampled")
