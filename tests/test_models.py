@@ -157,6 +157,37 @@ def test_hub_id_offline_fails_clearly():
     assert "network" in out.stdout and "smollm2-135m" in out.stdout
 
 
+def test_the_colab_presets_stand_ins_load_offline_through_the_hub_path(tmp_path):
+    """`tools.hub_standins` writes the preset's hub models where `load_model(hub id)` finds them offline: the
+    135M as the offline target itself, the others in their published configurations (checked by their parameter
+    counts, built on the meta device) with random weights; a small configuration stands in for the 1.7B here."""
+    from specdec_utils.tools import hub_standins
+    counts = {}
+    for repo_id, config in hub_standins.CONFIGS.items():
+        with torch.device("meta"):
+            counts[repo_id] = sum(p.numel() for p in hub_standins.LlamaForCausalLM(
+                hub_standins.LlamaConfig(**config)).parameters())
+    assert 3.6e8 < counts["HuggingFaceTB/SmolLM2-360M-Instruct"] < 3.7e8
+    assert 1.7e9 < counts["HuggingFaceTB/SmolLM2-1.7B-Instruct"] < 1.75e9
+    target_dir = models.ensure_target_cache()
+    small = {**hub_standins.CONFIGS["HuggingFaceTB/SmolLM2-1.7B-Instruct"], "hidden_size": 64,
+             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+             "head_dim": 16}
+    hub_standins.write_standin("HuggingFaceTB/SmolLM2-1.7B-Instruct", small, target_dir, tmp_path)
+    hub_standins.link_target(target_dir, tmp_path)
+    code = ("from specdec_utils import load_model\n"
+            "for name in ('HuggingFaceTB/SmolLM2-1.7B-Instruct', 'HuggingFaceTB/SmolLM2-135M-Instruct'):\n"
+            "    m, t = load_model(name, device='cpu')\n"
+            "    print(m.config.num_hidden_layers, m.dtype, len(t), t.eos_token_id)\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["2 torch.float32 49152 2", "30 torch.float32 49152 2"]
+    note = next(tmp_path.glob("models--HuggingFaceTB--SmolLM2-1.7B-Instruct/snapshots/*/STANDIN.txt"))
+    assert "random weights" in note.read_text()
+
+
 def test_unknown_name_lists_known_names():
     with pytest.raises(UnknownModelError) as err:
         load_model("not-a-model", device="cpu")

@@ -41,6 +41,7 @@ from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
+from . import distributed
 from .train_draft import frozen_target, greedy_continuations, lr_schedule
 
 FUSED = "fused"
@@ -105,9 +106,17 @@ def target_pass(target, head: EagleHead, ids, mask):
 
 
 def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size: int, lr: float, max_len: int,
-          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50, verbose: bool = True) -> list[dict]:
+          seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50, verbose: bool = True,
+          checkpoint: Path | None = None, checkpoint_every: int = 0, until: int | None = None) -> list[dict]:
     """Train `head` with `recipe` (a `VARIANTS` entry): AdamW on fp32 master weights, the schedule and budget of
-    `train_draft.train`. Returns the log (every `log_every` steps: loss, per-step agreement, lr, seconds)."""
+    `train_draft.train`. Returns the log (every `log_every` steps: loss, per-step agreement, lr, seconds).
+
+    Under torchrun (`distributed`) every copy trains on its slice of one global sample of `batch_size` x world rows
+    (`batch_size` per GPU) and the gradients are averaged, so the copies keep the same weights. `checkpoint` (a
+    file): written by the first copy every `checkpoint_every` steps and at the end, and read back if it exists when
+    training starts: the head, its master weights, the optimizer, the sampler, the step and the time spent all go
+    on from there (a machine held for a limited time trains in several sittings). `until`: end this sitting after
+    that many steps in all (the schedule still spans `steps`)."""
     device = target.device
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -116,18 +125,30 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
     rate = lr_schedule(lr, max(1, steps // 50), steps, 0.1 * lr)
     rng = random.Random(seed)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    log, start = [], time.time()
-    for step in range(steps):
-        done = max(step / steps, (time.time() - start) / time_budget_s)
+    log, spent, first = [], 0.0, 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        with torch.no_grad():
+            for p, m, saved in zip(params, master, state["master"]):
+                m.copy_(saved)
+                p.copy_(m)
+        opt.load_state_dict(state["opt"])
+        rng.setstate(state["rng"])
+        log, spent, first = state["log"], state["seconds"], state["step"]
+    world, start, step = distributed.world_size(), time.time() - spent, first - 1
+    for step in range(first, steps):
+        done = distributed.agree_max(max(step / steps, (time.time() - start) / time_budget_s), device)
         for group in opt.param_groups:
             group["lr"] = rate(min(done, 1) * steps)
-        ids, mask = corpus.batch(rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len, device)
+        picks = rng.sample(range(len(corpus)), min(batch_size * world, len(corpus)))
+        ids, mask = corpus.batch(distributed.shard(picks), max_len, device)
         feats, logits = target_pass(target, head, ids, mask)
         with autocast:
             loss, agree = eagle_loss(head, feats, ids, mask, logits, recipe)
         for p in params:
             p.grad = None
         loss.backward()
+        distributed.average_gradients(params)
         for p, m in zip(params, master):
             m.grad = p.grad.float() if p.grad is not None else torch.zeros_like(m)
         torch.nn.utils.clip_grad_norm_(master, 0.5)
@@ -135,13 +156,19 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
         with torch.no_grad():
             for p, m in zip(params, master):
                 p.copy_(m)
-        last = done >= 1 or step == steps - 1
+        last = done >= 1 or step == steps - 1 or step + 1 == until
         if step % log_every == 0 or last:
             entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": opt.param_groups[0]["lr"],
                      "seconds": round(time.time() - start, 1)}
             log.append(entry)
-            if verbose:
+            if verbose and distributed.is_main():
                 print(json.dumps(entry), flush=True)
+        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last) \
+                and distributed.is_main():
+            state = {"master": [m.detach() for m in master], "opt": opt.state_dict(), "rng": rng.getstate(),
+                     "log": log, "seconds": time.time() - start, "step": step + 1}
+            torch.save(state, Path(checkpoint).with_suffix(".tmp"))
+            Path(checkpoint).with_suffix(".tmp").replace(checkpoint)  # never a half-written checkpoint
         if last:
             break
     head.trained_steps = step + 1
@@ -229,9 +256,15 @@ def parse_args(argv=None):
                     help="go on training this saved head (one variant: the head's own recipe), "
                          "e.g. data/models/eagle-head")
     ap.add_argument("--ablation", type=Path, default=None, help="write every variant's measurements here (JSON)")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="save the training state here every --checkpoint-every steps, and resume from it if it "
+                         "exists (one variant)")
+    ap.add_argument("--checkpoint-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.variants = args.variants.split(",")
+    if args.checkpoint is not None and len(args.variants) != 1:
+        ap.error(f"--checkpoint: one variant at a time, got --variants {','.join(args.variants)}")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         ap.error(f"argument --variants: unknown variant {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
@@ -245,14 +278,21 @@ def main(argv=None):
     from .write_corpus import load_corpus
     args = parse_args(argv)
     command = "python -m specdec_utils.tools.train_eagle " + " ".join(sys.argv[1:] if argv is None else argv)
+    copy_device = distributed.setup()  # under torchrun: this copy's GPU
+    if copy_device is not None:
+        args.device = str(copy_device)
+        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_eagle " + \
+            " ".join(sys.argv[1:] if argv is None else argv)
+    main_copy = distributed.is_main()
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)
     corpus = load_corpus(args.corpus)
-    print(f"corpus: {len(corpus)} sequences, {corpus.num_tokens} tokens", flush=True)
+    if main_copy:
+        print(f"corpus: {len(corpus)} sequences, {corpus.num_tokens} tokens", flush=True)
     eval_rows = build_prompts("eval")
     if args.eval_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
-    continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
+    continuations = greedy_continuations(target, tokenizer, eval_rows, 64) if main_copy else None
     vocab_ids, coverage = choose_vocab(corpus, VARIANTS["eagle3"]["vocab"], target.config.vocab_size)
     print(f"draft vocabulary: {len(vocab_ids)} tokens cover {coverage:.2%} of continuation tokens", flush=True)
     device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
@@ -272,15 +312,18 @@ def main(argv=None):
             head, before = build_head(target, recipe, vocab_ids), None
         started = time.time()
         log = train(head, target, corpus, recipe, args.steps, args.batch_size, args.lr, args.max_len,
-                    args.seed, args.time_budget_s)
+                    args.seed, args.time_budget_s, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
         seconds = time.time() - started
+        if not main_copy:
+            continue  # the first copy measures and saves
         round_steps = head.trained_steps
         if before is not None:
             head.trained_steps += before["trained_steps"]  # all rounds; "steps" below is this round's
         metrics = evaluate(head, target, tokenizer, eval_rows, continuations)
         print(name, json.dumps(metrics), flush=True)
         record = {"variant": name, "recipe": recipe, "steps": round_steps, "seconds": round(seconds, 1),
-                  "tokens_seen": round_steps * args.batch_size * args.max_len,
+                  "gpus": distributed.world_size(),
+                  "tokens_seen": round_steps * args.batch_size * distributed.world_size() * args.max_len,
                   "parameters": sum(p.numel() for p in head.parameters()), "eval": metrics}
         results.append(record)
         head.log = {"command": command, "device": device, "dtype": str(dtype).replace("torch.", ""),
@@ -292,10 +335,11 @@ def main(argv=None):
         if args.ablation:
             args.ablation.write_text(json.dumps({"command": command, "device": device, "variants": results,
                                                  "eval_prompts": len(eval_rows)}, indent=1))
-    if args.out:
+    if args.out and main_copy:
         head.name = args.out.name
         head.save(args.out)
         print(f"saved {args.out}", flush=True)
+    distributed.finish()
     return 0
 
 

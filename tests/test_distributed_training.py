@@ -1,0 +1,66 @@
+"""Data-parallel training (tools/distributed.py) and training in sittings (train_eagle.train's checkpoint), on the CPU:
+two copies over gloo train exactly as one process on the global batch, and a run stopped and resumed from its
+checkpoint ends with the weights of a run that never stopped."""
+import torch
+import torch.multiprocessing as mp
+
+from specdec_utils.tools import distributed, train_eagle
+
+from conftest import random_model
+
+RECIPE = train_eagle.VARIANTS["ttt"]  # the full vocabulary and no noise: both ways of training see the same numbers
+
+
+class Rows:
+    """A corpus of equal-length rows (no padding, so a batch's mean loss is the mean of its two halves' means)."""
+
+    def __init__(self, n: int = 16, length: int = 12):
+        self.ids = torch.randint(3, 64, (n, length), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def batch(self, indices, max_len, device):
+        ids = self.ids[list(indices)].to(device)
+        return ids, torch.ones_like(ids)
+
+
+def trained(batch_size: int, steps: int = 3, **options) -> dict:
+    target = random_model("tiny-llama", seed=0, vocab=64)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(0)
+    head = train_eagle.build_head(target, RECIPE, None)
+    train_eagle.train(head, target, Rows(), RECIPE, steps, batch_size, 1e-2, 12, verbose=False, **options)
+    return {k: v.detach().clone() for k, v in head.state_dict().items() if not k.startswith("target")}
+
+
+def _copy(rank: int, rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    assert distributed.world_size() == 2 and distributed.is_main() == (rank == 0)
+    state = trained(2)
+    if rank == 0:
+        torch.save(state, out)
+    distributed.finish()
+
+
+def test_two_copies_train_as_one_process_on_the_global_batch(tmp_path):
+    mp.spawn(_copy, args=(str(tmp_path / "rendezvous"), str(tmp_path / "two.pt")), nprocs=2, join=True)
+    two, one = torch.load(tmp_path / "two.pt"), trained(4)
+    assert one.keys() == two.keys() and len(one) > 3
+    before = trained(4, steps=0)
+    assert any(not torch.equal(one[k], before[k]) for k in one)  # it trained
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5), k
+
+
+def test_a_run_resumed_from_its_checkpoint_ends_as_one_that_never_stopped(tmp_path):
+    checkpoint = tmp_path / "state.pt"
+    straight = trained(4, steps=5)
+    trained(4, steps=5, checkpoint=checkpoint, checkpoint_every=1, until=2)  # the first sitting: steps 0 and 1
+    assert torch.load(checkpoint, weights_only=False)["step"] == 2
+    resumed = trained(4, steps=5, checkpoint=checkpoint, checkpoint_every=1)  # a fresh head, resumed
+    assert torch.load(checkpoint, weights_only=False)["step"] == 5
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
