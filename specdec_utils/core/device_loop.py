@@ -209,6 +209,8 @@ class DeviceLoop:
         self.graph = None  # recorded on the old buffers: the graph and its pool go
         self.recorded.invalidate()
 
+    DRAWS_VARY = False  # a chain's sampled round uses every uniform it is handed; a tree's, only those it tries
+
     def _draws(self) -> int:
         """How many uniforms a round is handed."""
         return 2 * self.gamma + 1
@@ -412,7 +414,7 @@ class DeviceLoop:
         generator = torch.default_generator if generator is None else generator
         while not finished(new, max_new_tokens, eos):
             if self.sampled:  # this round's draws, written into the buffer the round reads
-                state = generator.get_state()
+                state = generator.get_state() if self.DRAWS_VARY else None  # (to give back the draws not used)
                 self.uniforms.copy_(torch.rand(self.uniforms.shape, generator=generator, dtype=torch.float64))
             if self.graph is not None:
                 self.graph.replay()
@@ -420,7 +422,7 @@ class DeviceLoop:
             else:
                 out = self.round_fn().tolist()
             n, used = out[0], out[-1]
-            if self.sampled and used < self.uniforms.shape[0]:  # the generator left as many draws on as were used
+            if self.sampled and self.DRAWS_VARY and used < self.uniforms.shape[0]:  # as many draws on as were used
                 generator.set_state(state)
                 torch.rand(used, generator=generator, dtype=torch.float64)
             accepted.append(n)
@@ -541,6 +543,8 @@ class DeviceTreeLoop(DeviceLoop):
 
     def set_gamma(self, gamma: int) -> None:
         raise ValueError("a device tree's shape is fixed by (depth, topk, nodes): build a new DeviceTreeLoop")
+
+    DRAWS_VARY = True
 
     def _draws(self) -> int:
         return self.nodes + 1  # one per node the walk may try, one for the token after

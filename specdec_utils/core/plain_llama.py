@@ -84,8 +84,7 @@ class PlainLlama:
         self.full_vocab = getattr(config, "full_vocab_size", None)
         self.cache = StaticKVCache(len(self.layers), capacity)
         self.cache.allocate(batch, self.kv_heads, self.head_dim, self.dtype, self.device)
-        self.capacity = 0
-        self.grow(capacity)
+        self._rotary()
 
     @property
     def keys(self) -> torch.Tensor:
@@ -95,14 +94,21 @@ class PlainLlama:
     def values(self) -> torch.Tensor:
         return self.cache.values
 
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
     def grow(self, capacity: int) -> None:
         """Room for `capacity` positions (buffers reallocated, the cache copied; rotary tables extended)."""
         if capacity <= self.capacity:
             return
         self.cache.reserve(capacity)
-        capacity = self.capacity = self.cache.capacity
+        self._rotary()
+
+    def _rotary(self) -> None:
+        """The rotary tables (cos, sin) for every position the buffers hold."""
         inv_freq = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, device=self.device).float() / self.head_dim)
-        angles = torch.arange(capacity, device=self.device).float()[:, None] * inv_freq[None]
+        angles = torch.arange(self.capacity, device=self.device).float()[:, None] * inv_freq[None]
         angles = torch.cat([angles, angles], -1)
         self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
