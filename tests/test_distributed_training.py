@@ -1,6 +1,6 @@
 """Data-parallel training (tools/distributed.py) and training in sittings (train_eagle.train's checkpoint), on the CPU:
-two copies over gloo train exactly as one process on the global batch, and a run stopped and resumed from its
-checkpoint ends with the weights of a run that never stopped."""
+two copies over gloo train exactly as one process on the global batch (the EAGLE trainer and the draft trainer), and
+a run stopped and resumed from its checkpoint ends with the weights of a run that never stopped."""
 import torch
 import torch.multiprocessing as mp
 
@@ -64,3 +64,35 @@ def test_a_run_resumed_from_its_checkpoint_ends_as_one_that_never_stopped(tmp_pa
     assert torch.load(checkpoint, weights_only=False)["step"] == 5
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def draft_trained(batch_size: int, steps: int = 3) -> dict:
+    """A tiny reduced-vocabulary draft distilled by train_draft.train (the acceptance objective mixed in) from
+    equal-length rows."""
+    from test_train_draft import tiny_draft
+
+    from specdec_utils.tools import train_draft
+    target = random_model("tiny-llama", seed=0, vocab=64)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    draft = tiny_draft(torch.arange(0, 64, 2))
+    corpus = [{"ids": row.tolist(), "prompt_len": 2} for row in Rows().ids]
+    train_draft.train(draft, target, corpus, steps, batch_size, 3e-3, objective="kl+lk")
+    return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+
+def _draft_copy(rank: int, rendezvous: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    state = draft_trained(2)
+    if rank == 0:
+        torch.save(state, out)
+    distributed.finish()
+
+
+def test_two_copies_distil_a_draft_as_one_process_on_the_global_batch(tmp_path):
+    mp.spawn(_draft_copy, args=(str(tmp_path / "rendezvous"), str(tmp_path / "two.pt")), nprocs=2, join=True)
+    two, one, before = torch.load(tmp_path / "two.pt"), draft_trained(4), draft_trained(4, steps=0)
+    assert one.keys() == two.keys() and any(not torch.equal(one[k], before[k]) for k in one)
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5), k

@@ -49,8 +49,8 @@ def test_distill_loss_is_kl_and_training_lowers_it():
     draft = tiny_draft(torch.arange(0, V, 2))  # half the vocabulary
     ids = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    kl, agree = train_draft.distill_loss(draft, target, ids, mask)
-    assert kl.item() > 0 and 0 <= agree.item() <= 1
+    kl, agree, kl_again, alpha = train_draft.distill_loss(draft, target, ids, mask)
+    assert kl.item() > 0 and 0 <= agree.item() <= 1 and kl_again.item() == kl.item() and 0 < alpha.item() < 1
     corpus = [{"ids": row.tolist(), "prompt_len": 2} for row in ids]
     log = train_draft.train(draft, target, corpus, steps=60, batch_size=4, lr=3e-3, log_every=10)
     assert log[-1]["kl"] < 0.7 * log[0]["kl"]
@@ -146,3 +146,18 @@ def test_cli_goes_on_training_a_saved_draft(tmp_path):
     with pytest.raises(SystemExit, match="is not draft-m's"):
         train_draft.main([*common[:1], "draft-m", *common[2:], "--steps", "1", "--out", str(tmp_path / "c"),
                           "--init", str(tmp_path / "a" / "draft-s")])
+
+
+def test_the_acceptance_objective_raises_the_acceptance_rate():
+    """Trained on -log sum min(p, q) (objectives.py, `lk`), the draft's logged acceptance rate rises, and the log
+    keeps the KL beside it."""
+    target = tiny_model("tiny-llama", vocab_size=V, seed=1).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    draft = tiny_draft(torch.arange(0, V, 2))
+    ids = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(0))
+    corpus = [{"ids": row.tolist(), "prompt_len": 2} for row in ids]
+    log = train_draft.train(draft, target, corpus, steps=60, batch_size=4, lr=3e-3, log_every=10, objective="lk")
+    assert log[-1]["acceptance"] > log[0]["acceptance"] + 0.05
+    assert log[-1]["loss"] >= -math.log(log[-1]["acceptance"]) - 1e-6  # the mean of -log alpha, by Jensen
+    assert all(e["kl"] > 0 for e in log)

@@ -35,6 +35,7 @@ from ..core.ngram import NgramDraft
 from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
 from ..prompts import build_prompts, format_prompt
 from ..utils import progress, seed_everything
+from . import distributed, objectives
 
 DRAFT_SHAPES = {
     "draft-s": dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
@@ -180,9 +181,10 @@ def batch(corpus: list[dict], idx, max_len: int | None, device) -> tuple[torch.T
     return ids.to(device), mask.to(device)
 
 
-def distill_loss(draft, target, ids, mask):
-    """Forward KL(p_target || q_draft) per token, in the draft's vocabulary: the target's mass
-    outside it goes to the draft's extra slot. Returns (mean KL, mean top-1 agreement)."""
+def distill_loss(draft, target, ids, mask, objective: str = "kl", weight: float = 1.0):
+    """The `objective` (`objectives.per_position`: KL(p_target || q_draft), the acceptance objective, or both) per
+    token, in the draft's vocabulary: the target's mass outside it goes to the draft's extra slot. Returns (mean
+    objective, mean top-1 agreement, mean KL, mean acceptance sum min(p, q))."""
     with torch.no_grad():
         p = torch.softmax(target(input_ids=ids, attention_mask=mask).logits.float(), -1)
         p_in = p[..., draft.draft_to_full]
@@ -190,10 +192,14 @@ def distill_loss(draft, target, ids, mask):
         top1 = p.argmax(-1)
         del p
     logq = torch.log_softmax(draft.draft_logits(input_ids=ids, attention_mask=mask).logits.float(), -1)
-    kl = (p_red * (torch.log(p_red.clamp_min(1e-12)) - logq)).sum(-1)
+    loss = objectives.per_position(p_red, logq, objective, weight)
     m = mask.float()
-    agree = (draft.draft_to_full[logq[..., :-1].argmax(-1)] == top1).float()
-    return (kl * m).sum() / m.sum(), (agree * m).sum() / m.sum()
+    with torch.no_grad():
+        kl = objectives.kl(p_red, logq) if objective != "kl" else loss
+        alpha = objectives.acceptance(p_red, logq)
+        agree = (draft.draft_to_full[logq[..., :-1].argmax(-1)] == top1).float()
+    mean = lambda x: (x * m).sum() / m.sum()  # noqa: E731
+    return mean(loss), mean(agree), mean(kl), mean(alpha)
 
 
 @torch.no_grad()
@@ -239,10 +245,14 @@ def lr_schedule(peak: float, warmup: int, total: int, floor: float):
 
 def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
           seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25,
-          heldout=None, heldout_every: int = 250) -> list[dict]:
+          heldout=None, heldout_every: int = 250, objective: str = "kl", weight: float = 1.0) -> list[dict]:
     """AdamW with linear warm-up over the first 2% of `steps` and cosine decay to 10% of `lr` (`lr_schedule`)
     over `steps` or `time_budget_s`, whichever ends first (with a budget, the schedule's step is the larger of
-    the step and the elapsed fraction of the budget times `steps`); bf16 autocast on CUDA. Returns the log;
+    the step and the elapsed fraction of the budget times `steps`); bf16 autocast on CUDA. `objective` and `weight`:
+    what is minimised (`objectives`: "kl", "lk" or "kl+lk"; the log always carries the KL and the acceptance
+    sum min(p, q) beside the objective's value). Under torchrun (`distributed`), as in `train_eagle.train`: every copy
+    trains on its slice of one global sample of `batch_size` x world rows and the gradients are averaged, so the copies
+    keep the same weights. Returns the log;
     with `heldout` (from `heldout_batch`), entries every `heldout_every` steps also carry held-out agreement."""
     device = target.device
     draft.to(device).train()
@@ -251,20 +261,24 @@ def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len
     rng = random.Random(seed)
     log, start = [], time.time()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    for step in progress(range(steps), desc="distilling"):
-        done = max(step / steps, (time.time() - start) / time_budget_s)
+    world = distributed.world_size()
+    for step in progress(range(steps), desc="distilling", **({} if distributed.is_main() else {"disable": True})):
+        done = distributed.agree_max(max(step / steps, (time.time() - start) / time_budget_s), device)
         for group in opt.param_groups:
             group["lr"] = rate(min(done, 1) * steps)
-        ids, mask = batch(corpus, rng.sample(range(len(corpus)), min(batch_size, len(corpus))), max_len, device)
+        picks = rng.sample(range(len(corpus)), min(batch_size * world, len(corpus)))
+        ids, mask = batch(corpus, distributed.shard(picks), max_len, device)
         with autocast:
-            kl, agree = distill_loss(draft, target, ids, mask)
+            loss, agree, kl, alpha = distill_loss(draft, target, ids, mask, objective, weight)
         opt.zero_grad(set_to_none=True)
-        kl.backward()
+        loss.backward()
+        distributed.average_gradients(list(draft.parameters()))
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         last = done >= 1 or step == steps - 1
         if step % log_every == 0 or last:
-            entry = {"step": step, "kl": kl.item(), "agreement": agree.item(),
+            entry = {"step": step, "loss": loss.item(), "kl": kl.item(), "acceptance": alpha.item(),
+                     "agreement": agree.item(),
                      "lr": opt.param_groups[0]["lr"], "seconds": time.time() - start}
             if heldout is not None and (step % heldout_every == 0 or last):
                 with autocast:
@@ -358,6 +372,9 @@ def parse_args(argv=None):
     ap.add_argument("--init", type=Path, default=None,
                     help="go on training the saved draft in this folder (one name, its shape and vocabulary), "
                          "e.g. data/models/draft-m")
+    ap.add_argument("--objective", choices=objectives.OBJECTIVES, default="kl",
+                    help="what the draft minimises (tools/objectives.py): kl, lk (-log of the acceptance rate), kl+lk")
+    ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     names = args.names.split(",")
@@ -452,12 +469,20 @@ def load_or_write_corpus(target, tokenizer, args) -> tuple[list[dict], int]:
 
 def main(argv=None):
     args = parse_args(argv)
+    command = "python -m specdec_utils.tools.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
+    copy_device = distributed.setup()  # under torchrun: this copy's GPU
+    if copy_device is not None:
+        if args.corpus is None or not args.corpus.exists() or NGRAM_NAME in args.names:
+            raise SystemExit("train_draft under torchrun trains drafts from a corpus written before: write it with "
+                             "--corpus PATH --corpus-only (or tools.write_corpus) first; ngram is built on one process")
+        args.device = str(copy_device)
+        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_draft " + \
+            " ".join(sys.argv[1:] if argv is None else argv)
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)
     corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)
     if args.corpus_only:
         return 0
-    command = "python -m specdec_utils.tools.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
     if NGRAM_NAME in args.names:
         build_ngram(target, tokenizer, corpus, args, command)
         args.names = [n for n in args.names if n != NGRAM_NAME]
@@ -489,19 +514,24 @@ def main(argv=None):
         else:
             draft, before = make_draft(name, target, vocab), None
         log = train(draft, target, corpus, args.steps, args.batch_size, args.lr, seed=args.seed,
-                    time_budget_s=args.train_budget_s, heldout=heldout)
+                    time_budget_s=args.train_budget_s, heldout=heldout, objective=args.objective,
+                    weight=args.lk_weight)
+        if not distributed.is_main():
+            continue  # the first copy measures and saves
         draft = draft.to(dtype=torch.bfloat16)
         metrics = evaluate(draft, target, tokenizer, eval_rows, continuations=continuations)
         print(name, json.dumps(metrics), flush=True)
         out = args.out / name
         draft.save_pretrained(out)
-        record = {"name": name, "command": command,
+        record = {"name": name, "command": command, "objective": args.objective, "gpus": distributed.world_size(),
+                  "batch_size_per_gpu": args.batch_size,
                   "shape": DRAFT_SHAPES[name], "vocab_size": len(vocab), "vocab_coverage": coverage,
                   "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
                   "parameters": sum(p.numel() for p in draft.parameters()),
                   "device": torch.cuda.get_device_name() if dtype == torch.bfloat16 else "cpu",
                   "eval": metrics, "log": log, **({"continued_from": before} if before is not None else {})}
         (out / "training_log.json").write_text(json.dumps(record, indent=1))
+    distributed.finish()
     return 0
 
 
