@@ -96,3 +96,30 @@ def test_two_copies_distil_a_draft_as_one_process_on_the_global_batch(tmp_path):
     assert one.keys() == two.keys() and any(not torch.equal(one[k], before[k]) for k in one)
     for k in one:
         assert torch.allclose(one[k], two[k], atol=1e-5), k
+
+
+def _corpus_copy(rank: int, rendezvous: str, out: str) -> None:
+    from specdec_utils.tools import write_corpus
+    torch.set_num_threads(1)
+    write_corpus.QUESTION_TOKENS = 8  # a random model seldom ends its question anyway
+    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "60", "--batch", "4",
+                              "--new-tokens", "8", "--out", out]) == 0
+
+
+def test_two_copies_write_one_corpus_each_its_share_from_its_own_seed(tmp_path, monkeypatch):
+    import json
+
+    from specdec_utils.tools import write_corpus
+    out = tmp_path / "corpus.pt"
+    mp.spawn(_corpus_copy, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
+    joined, log = write_corpus.load_corpus(out), json.loads(out.with_suffix(".json").read_text())
+    assert log["copies"] == 2 and log["seed"] == [0, write_corpus.COPY_SEED_STRIDE] and log["rows"] == len(joined)
+    assert not list(tmp_path.glob("corpus.part*"))  # the parts are joined and gone
+    monkeypatch.setattr(write_corpus, "QUESTION_TOKENS", 8)
+    alone = tmp_path / "alone.pt"  # the first copy's share, written by one process from the same seed
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "30", "--batch", "4",
+                              "--new-tokens", "8", "--out", str(alone)]) == 0
+    first = write_corpus.load_corpus(alone)
+    assert [r["ids"] for r in list(joined)[:len(first)]] == [r["ids"] for r in first]
+    assert len(joined) > len(first) and log["continuation_tokens"] >= 60

@@ -72,6 +72,12 @@ def shard(indices: list) -> list:
     return indices[rank()::world_size()]
 
 
+def barrier() -> None:
+    """Wait until every copy reaches this point (nothing to wait for without torchrun)."""
+    if world_size() > 1:
+        dist.barrier()
+
+
 def finish() -> None:
     """Leave the process group (at the end of a torchrun job)."""
     if dist.is_initialized():

@@ -27,6 +27,8 @@ such window and sampler).
 
     python -m specdec_utils.tools.write_corpus --tokens 50000000 --out corpus.pt --device cuda \\
         --batch 2048 --new-tokens 256 --seed 0 --time-budget-s 540       # 50M tokens, one H100
+    torchrun --nproc_per_node 4 -m specdec_utils.tools.write_corpus --tokens 200000000 --out corpus.pt \
+        --batch 2048 --new-tokens 256 --seed 0 --time-budget-s 540       # four GPUs: each writes a quarter
     python -m specdec_utils.tools.write_corpus --tokens 2000 --out /tmp/corpus.pt --device cpu \\
         --batch 8 --new-tokens 32                                        # a CPU smoke run
 
@@ -53,7 +55,9 @@ from ..core.runner import attention_backends
 from ..models import load_model
 from ..prompts import build_prompts, format_prompt
 from ..utils import default_dtype, get_device
+from . import distributed
 
+COPY_SEED_STRIDE = 1000  # under torchrun, copy r writes from seed + 1000 r (the copies' rows differ)
 BATCH_KINDS = {"chat": 0.4, "train": 0.1, "opening": 0.15, "code": 0.2, "docs": 0.15}  # share of batches
 KINDS, MODES = tuple(BATCH_KINDS), ("greedy", "sampled")
 QUESTION_TOKENS, TOP_P, WINDOW = 64, 0.95, 64
@@ -314,6 +318,16 @@ class TokenCorpus:
         return cls(tokens, torch.tensor([len(r["ids"]) for r in rows], dtype=torch.int32),
                    torch.tensor([r["prompt_len"] for r in rows], dtype=torch.int32), kind, mode, kinds, MODES, meta)
 
+    @classmethod
+    def join(cls, parts: list, meta=None) -> TokenCorpus:
+        """One corpus of the rows of `parts` (dicts of the TokenCorpus fields, or corpora), in order, padded to the
+        widest with -1."""
+        get = lambda p, key: p[key] if isinstance(p, dict) else getattr(p, key)  # noqa: E731
+        width = max(get(p, "tokens").shape[1] for p in parts)
+        cat = lambda key: torch.cat([get(p, key) for p in parts])  # noqa: E731
+        tokens = torch.cat([F.pad(get(p, "tokens"), (0, width - get(p, "tokens").shape[1]), value=-1) for p in parts])
+        return cls(tokens, cat("lengths"), cat("prompt_len"), cat("kind"), cat("mode"), meta=meta)
+
     def __len__(self):
         return len(self.lengths)
 
@@ -392,13 +406,30 @@ def write_corpus(model, tokenizer, tokens: int, batch: int, new_tokens: int, see
         print(f"{elapsed:7.1f}s  {written:,} tokens written, {written / elapsed:,.0f} tokens/s "
               f"({kind}, {MODES[temperature[0] > 0]}; {last:.2f}s; starts {spent['starts']:.0f}s, "
               f"continuations {spent['generate']:.0f}s so far)", flush=True)
-    width = max(p["tokens"].shape[1] for p in parts)
-    cat = lambda key: torch.cat([p[key] for p in parts])  # noqa: E731
-    return TokenCorpus(torch.cat([F.pad(p["tokens"], (0, width - p["tokens"].shape[1]), value=-1) for p in parts]),
-                       cat("lengths"), cat("prompt_len"), cat("kind"), cat("mode"),
-                       meta={"dropped_for_eval": dropped, "continuation_tokens": written, "seed": seed,
-                             "graphs": decoder.graphs is not None, "max_len": decoder.max_len,
-                             "mix": mix, "seconds_per_phase": {k: round(v, 1) for k, v in spent.items()}})
+    return TokenCorpus.join(parts, meta={"dropped_for_eval": dropped, "continuation_tokens": written, "seed": seed,
+                                         "graphs": decoder.graphs is not None, "max_len": decoder.max_len,
+                                         "mix": mix, "seconds_per_phase": {k: round(v, 1) for k, v in spent.items()}})
+
+
+def join_copies(corpus: TokenCorpus, out: Path) -> TokenCorpus | None:
+    """Under torchrun: every copy saves the rows it wrote next to `out`; the first copy joins them in rank order
+    (the counts summed, the copies' seeds listed) and deletes the parts; the others get None."""
+    world, rank = distributed.world_size(), distributed.rank()
+    part = out.with_name(f"{out.stem}.part{rank}.pt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    corpus.save(part)
+    distributed.barrier()
+    if rank:
+        return None
+    paths = [out.with_name(f"{out.stem}.part{r}.pt") for r in range(world)]
+    parts = [load_corpus(p) for p in paths]
+    meta = dict(parts[0].meta, copies=world, seed=[p.meta["seed"] for p in parts],
+                dropped_for_eval=sum(p.meta["dropped_for_eval"] for p in parts),
+                continuation_tokens=sum(p.meta["continuation_tokens"] for p in parts))
+    joined = TokenCorpus.join(parts, meta=meta)
+    for p in paths:
+        p.unlink()
+    return joined
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -444,17 +475,29 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    command = "python -m specdec_utils.tools.write_corpus " + " ".join(sys.argv[1:] if argv is None else argv)
+    copy_device = distributed.setup()  # under torchrun: this copy's GPU; each copy writes its share, seeded apart
+    world, rank = distributed.world_size(), distributed.rank()
+    if copy_device is not None:
+        args.device = str(copy_device)
+        command = f"torchrun --nproc_per_node {world} -m specdec_utils.tools.write_corpus " + \
+            " ".join(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device) if args.device else get_device()
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer = load_model(args.target, device=device, dtype=dtype)
     started = time.time()
-    corpus = write_corpus(model, tokenizer, args.tokens, args.batch, args.new_tokens, args.seed,
-                          args.sampled_fraction, args.time_budget_s, not args.no_graphs, args.max_start, args.mix)
+    corpus = write_corpus(model, tokenizer, -(-args.tokens // world), args.batch, args.new_tokens,
+                          args.seed + COPY_SEED_STRIDE * rank, args.sampled_fraction, args.time_budget_s,
+                          not args.no_graphs, args.max_start, args.mix)
+    if world > 1:
+        corpus = join_copies(corpus, args.out)
+        if corpus is None:
+            distributed.finish()
+            return 0
     seconds = time.time() - started
     written = corpus.meta["continuation_tokens"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or device.type
-    log = {"command": "python -m specdec_utils.tools.write_corpus " + " ".join(sys.argv[1:] if argv is None else argv),
-           "device": name,
+    log = {"command": command, "device": name, "copies": world,
            "dtype": str(dtype).replace("torch.", ""), "target": args.target, "batch": args.batch,
            "new_tokens": args.new_tokens, "rows": len(corpus), "continuation_tokens": written,
            "all_tokens": corpus.num_tokens, "seconds": round(seconds, 1), "tokens_per_s": round(written / seconds),
@@ -468,6 +511,7 @@ def main(argv=None):
     print(f"wrote {args.out}: {len(corpus):,} rows, {written:,} continuation tokens in {seconds:.0f}s "
           f"({log['tokens_per_s']:,} tokens/s); {log['dropped_for_eval']} rows dropped for containing "
           f"an evaluation prompt", flush=True)
+    distributed.finish()
     return 0
 
 
