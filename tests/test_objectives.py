@@ -62,26 +62,3 @@ def test_an_unknown_objective_is_refused_with_one_line():
     p, q = dists(0)
     with pytest.raises(ValueError, match="unknown objective 'tv'; allowed: kl, lk, kl\\+lk"):
         objectives.per_position(p, q.log(), "tv")
-
-
-def test_the_eagle_trainer_minimises_the_objective_it_is_given():
-    """train_eagle.eagle_loss with the acceptance objective is the mean of -log sum min(p, q) over the positions, p
-    the target's next-token distribution and q the head's (one unrolled step, the full vocabulary)."""
-    from specdec_utils.tools import train_eagle
-
-    from conftest import random_model
-    target = random_model("tiny-llama", seed=0, vocab=64)
-    recipe = {**train_eagle.VARIANTS["fused"], "objective": "lk"}
-    torch.manual_seed(0)
-    head = train_eagle.build_head(target, recipe, None)
-    ids = torch.randint(3, 64, (2, 10), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    feats, logits = train_eagle.target_pass(target, head, ids, mask)
-    with torch.no_grad():
-        loss, _ = train_eagle.eagle_loss(head, feats, ids, mask, logits, recipe)
-        kl_loss, _ = train_eagle.eagle_loss(head, feats, ids, mask, logits, {**recipe, "objective": "kl"})
-        h = head.ttt_forward(feats, ids, 1, mask, noise=0.0)[0]  # entry j predicts position j + 1
-        p = torch.softmax(logits[:, 1:].float(), -1)
-        q = torch.softmax(head.logits(h).float(), -1)
-    assert loss.item() == pytest.approx(-torch.minimum(p, q).sum(-1).log().mean().item(), rel=1e-5)
-    assert kl_loss.item() == pytest.approx((p * (p.log() - q.log())).sum(-1).mean().item(), rel=1e-4)

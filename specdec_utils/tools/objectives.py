@@ -1,4 +1,4 @@
-"""What the draft trainers (`train_draft`, `train_eagle`) minimise at each position, given the target's
+"""What the draft trainer (`train_draft --objective`) minimises at each position, given the target's
 distribution `p` and the draft's log-probabilities `logq` over the same vocabulary (the last dimension).
 
 - `kl`: KL(p || q), the distillation the course's drafts were trained with (the same gradient as soft cross-entropy).
@@ -11,7 +11,8 @@ distribution `p` and the draft's log-probabilities `logq` over the same vocabula
   the overlap.
 
 alpha is also what a greedy round cares about only indirectly (greedy verification accepts when the argmaxes agree);
-the trainers log both alpha and top-1 agreement, and the ablation measures tau per round on held-out prompts.
+the trainer logs both alpha and top-1 agreement beside the KL. (`train_eagle` still minimises its soft cross-entropy
+inline: lesson 07 prints that function, so it changes together with the lesson.)
 """
 from __future__ import annotations
 
