@@ -35,11 +35,12 @@ def trained(batch_size: int, steps: int = 3, **options) -> dict:
     return {k: v.detach().clone() for k, v in head.state_dict().items() if not k.startswith("target")}
 
 
-def _copy(rank: int, rendezvous: str, out: str) -> None:
+def _copy(rank: int, rendezvous: str, out: str, train=None) -> None:
+    """One of two copies over gloo: trains with `train` (default `trained`) on batch 2; the first saves the state."""
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     assert distributed.world_size() == 2 and distributed.is_main() == (rank == 0)
-    state = trained(2)
+    state = (train or trained)(2)
     if rank == 0:
         torch.save(state, out)
     distributed.finish()
@@ -81,17 +82,8 @@ def draft_trained(batch_size: int, steps: int = 3) -> dict:
     return {k: v.detach().clone() for k, v in draft.state_dict().items()}
 
 
-def _draft_copy(rank: int, rendezvous: str, out: str) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
-    state = draft_trained(2)
-    if rank == 0:
-        torch.save(state, out)
-    distributed.finish()
-
-
 def test_two_copies_distil_a_draft_as_one_process_on_the_global_batch(tmp_path):
-    mp.spawn(_draft_copy, args=(str(tmp_path / "rendezvous"), str(tmp_path / "two.pt")), nprocs=2, join=True)
+    mp.spawn(_copy, args=(str(tmp_path / "rendezvous"), str(tmp_path / "two.pt"), draft_trained), nprocs=2, join=True)
     two, one, before = torch.load(tmp_path / "two.pt"), draft_trained(4), draft_trained(4, steps=0)
     assert one.keys() == two.keys() and any(not torch.equal(one[k], before[k]) for k in one)
     for k in one:
