@@ -141,6 +141,8 @@ def test_cli_goes_on_training_a_saved_draft(tmp_path):
     assert torch.equal(a.draft_to_full, b.draft_to_full)
     assert not torch.equal(a.model.layers[0].mlp.up_proj.weight, b.model.layers[0].mlp.up_proj.weight)
     log = json.loads((tmp_path / "b" / "draft-s" / "training_log.json").read_text())
+    low, high = log["eval"]["tau_interval"]  # bootstrapped over the prompts, in float32 as the lessons measure
+    assert 1 <= low <= log["eval"]["tau"] <= high and log["eval"]["dtype"] == "float32"
     assert log["continued_from"]["eval"] == json.loads(
         (tmp_path / "a" / "draft-s" / "training_log.json").read_text())["eval"]
     with pytest.raises(SystemExit, match="is not draft-m's"):

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, get_cosine_with_min_lr_schedule_with_warmup_lr_rate
 
+from .. import report
 from ..core.ngram import NgramDraft
 from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
 from ..prompts import build_prompts, format_prompt
@@ -323,12 +324,12 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
              continuations: list[list[int]] | None = None) -> dict:
     """Held-out agreement metrics on the target's own greedy continuations of `rows`:
     per-token top-1 agreement with the target's argmax (teacher-forced), tau = tokens per target
-    pass at `gamma` (greedy, bonus/correction included), and alpha = E[1 - TV(p, q)] at
-    temperature 1 (Leviathan et al. 2023, Definition 3.1)."""
+    pass at `gamma` (greedy, bonus/correction included; `tau_interval`: its 95% bootstrap interval over the
+    prompts), and alpha = E[1 - TV(p, q)] at temperature 1 (Leviathan et al. 2023, Definition 3.1)."""
     device = target.device
     if continuations is None:
         continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
-    matches_all, taus, alphas = [], [], []
+    matches_all, taus, alphas, rounds = [], [], [], []
     for row, cont in zip(progress(rows, desc="evaluating"), continuations):
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + cont], device=device)
@@ -337,12 +338,16 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
         q_logits = draft(ids.to(draft.device)).logits[0, n - 1:-1].float().to(device)
         matches = (q_logits.argmax(-1) == p_logits.argmax(-1)).tolist()
         matches_all += matches
-        taus += greedy_block_lengths(matches, gamma)
+        blocks = greedy_block_lengths(matches, gamma)
+        taus += blocks
+        rounds.append((sum(blocks), len(blocks)))
         p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
         alphas += torch.minimum(p, q).sum(-1).tolist()
+    tau = report.bootstrap(rounds, lambda r: sum(t for t, _ in r) / sum(n for _, n in r))
     return {"agreement": sum(matches_all) / len(matches_all), "tau": sum(taus) / len(taus),
-            "alpha_tv": sum(alphas) / len(alphas), "gamma": gamma, "positions": len(matches_all),
-            "prompts": len(rows), "new_tokens": new_tokens}
+            "tau_interval": [tau.low, tau.high], "alpha_tv": sum(alphas) / len(alphas), "gamma": gamma,
+            "positions": len(matches_all), "prompts": len(rows), "new_tokens": new_tokens,
+            "dtype": str(next(draft.parameters()).dtype).removeprefix("torch.")}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -496,7 +501,9 @@ def main(argv=None):
     eval_rows = build_prompts("eval")
     if args.eval_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
+    target.float()  # held-out continuations and tau in float32, as the course measures tau everywhere
     continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
+    target.to(dtype)
     pick = random.Random(args.seed + 1).sample(range(len(eval_rows)), min(64, len(eval_rows)))
     heldout = heldout_batch(target, tokenizer, [eval_rows[i] for i in pick], [continuations[i] for i in pick])
     for name in args.names:
@@ -518,8 +525,10 @@ def main(argv=None):
                     weight=args.lk_weight)
         if not distributed.is_main():
             continue  # the first copy measures and saves
+        draft = draft.to(dtype=torch.bfloat16)  # saved in bfloat16, measured as the lessons load it: in float32
+        metrics = evaluate(draft.float(), target.float(), tokenizer, eval_rows, continuations=continuations)
+        target.to(dtype)
         draft = draft.to(dtype=torch.bfloat16)
-        metrics = evaluate(draft, target, tokenizer, eval_rows, continuations=continuations)
         print(name, json.dumps(metrics), flush=True)
         out = args.out / name
         draft.save_pretrained(out)
