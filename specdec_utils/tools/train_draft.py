@@ -376,7 +376,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, default=MODELS_DIR)
     ap.add_argument("--init", type=Path, default=None,
                     help="go on training the saved draft in this folder (one name, its shape and vocabulary), "
-                         "e.g. data/models/draft-m")
+                         "e.g. data/models/draft-m; with --steps 0 it is only measured")
     ap.add_argument("--objective", choices=objectives.OBJECTIVES, default="kl",
                     help="what the draft minimises (tools/objectives.py): kl, lk (-log of the acceptance rate), kl+lk")
     ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
@@ -387,8 +387,9 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--names: unknown draft {bad[0]!r}; allowed: {', '.join([*DRAFT_SHAPES, NGRAM_NAME])}")
     for arg in ("sequences", "new_tokens", "gen_batch", "vocab_size", "steps", "batch_size"):
-        if getattr(args, arg) < 1:
-            ap.error(f"--{arg.replace('_', '-')} must be >= 1, got {getattr(args, arg)}")
+        if getattr(args, arg) < (0 if arg == "steps" and args.init else 1):
+            ap.error(f"--{arg.replace('_', '-')} must be >= 1 (0 with --init: measure a saved draft), "
+                     f"got {getattr(args, arg)}")
     if args.corpus_only and not args.corpus:
         ap.error("--corpus-only needs --corpus PATH (where to write the corpus)")
     if args.init is not None and (len(names) != 1 or names[0] == NGRAM_NAME
