@@ -1,6 +1,7 @@
-"""Data-parallel training (tools/distributed.py) and training in sittings (train_eagle.train's checkpoint), on the CPU:
+"""Data-parallel training (tools/distributed.py) and training in sittings (the trainers' checkpoints), on the CPU:
 two copies over gloo train exactly as one process on the global batch (the EAGLE trainer and the draft trainer), and
-a run stopped and resumed from its checkpoint ends with the weights of a run that never stopped."""
+a run stopped and resumed from its checkpoint ends with the weights of a run that never stopped (both trainers)."""
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -56,18 +57,7 @@ def test_two_copies_train_as_one_process_on_the_global_batch(tmp_path):
         assert torch.allclose(one[k], two[k], atol=1e-5), k
 
 
-def test_a_run_resumed_from_its_checkpoint_ends_as_one_that_never_stopped(tmp_path):
-    checkpoint = tmp_path / "state.pt"
-    straight = trained(4, steps=5)
-    trained(4, steps=5, checkpoint=checkpoint, checkpoint_every=1, until=2)  # the first sitting: steps 0 and 1
-    assert torch.load(checkpoint, weights_only=False)["step"] == 2
-    resumed = trained(4, steps=5, checkpoint=checkpoint, checkpoint_every=1)  # a fresh head, resumed
-    assert torch.load(checkpoint, weights_only=False)["step"] == 5
-    for k in straight:
-        assert torch.equal(straight[k], resumed[k]), k
-
-
-def draft_trained(batch_size: int, steps: int = 3) -> dict:
+def draft_trained(batch_size: int, steps: int = 3, **options) -> dict:
     """A tiny reduced-vocabulary draft distilled by train_draft.train (the acceptance objective mixed in) from
     equal-length rows."""
     from test_train_draft import tiny_draft
@@ -78,8 +68,21 @@ def draft_trained(batch_size: int, steps: int = 3) -> dict:
         p.requires_grad_(False)
     draft = tiny_draft(torch.arange(0, 64, 2))
     corpus = [{"ids": row.tolist(), "prompt_len": 2} for row in Rows().ids]
-    train_draft.train(draft, target, corpus, steps, batch_size, 3e-3, objective="kl+lk")
+    train_draft.train(draft, target, corpus, steps, batch_size, 3e-3, objective="kl+lk", **options)
     return {k: v.detach().clone() for k, v in draft.state_dict().items()}
+
+
+@pytest.mark.parametrize("train", [trained, draft_trained], ids=["eagle-head", "draft"])
+def test_a_run_resumed_from_its_checkpoint_ends_as_one_that_never_stopped(tmp_path, train):
+    checkpoint = tmp_path / "state.pt"
+    straight = train(4, steps=5)
+    train(4, steps=5, checkpoint=checkpoint, checkpoint_every=1, until=2)  # the first sitting: steps 0 and 1
+    assert torch.load(checkpoint, weights_only=False)["step"] == 2
+    resumed = train(4, steps=5, checkpoint=checkpoint, checkpoint_every=1)  # a fresh model, resumed
+    assert torch.load(checkpoint, weights_only=False)["step"] == 5
+    assert any(not torch.equal(straight[k], train(4, steps=2)[k]) for k in straight)  # the last steps matter
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
 
 
 def test_two_copies_distil_a_draft_as_one_process_on_the_global_batch(tmp_path):

@@ -9,6 +9,7 @@ copy (rank 0) logs, evaluates and saves. Launched without torchrun, everything h
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -76,6 +77,23 @@ def barrier() -> None:
     """Wait until every copy reaches this point (nothing to wait for without torchrun)."""
     if world_size() > 1:
         dist.barrier()
+
+
+def save_checkpoint(path, state: dict) -> None:
+    """Write a training state to `path` from the first copy (the others hold the same weights), through a temporary
+    file: a machine taken back mid-write never leaves a half-written checkpoint."""
+    if is_main():
+        path = Path(path)
+        torch.save(state, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+
+
+def load_checkpoint(path, device) -> dict | None:
+    """The training state saved at `path` (tensors on `device`), or None when there is none yet: every copy reads
+    it, so all of them go on from the same step."""
+    if path is None or not Path(path).exists():
+        return None
+    return torch.load(path, map_location=device, weights_only=False)
 
 
 def finish() -> None:

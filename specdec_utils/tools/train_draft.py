@@ -12,6 +12,8 @@ others (see `models.ReducedVocabLlamaForCausalLM`).
         --new-tokens 32 --out /tmp/drafts                                        # a CPU smoke run
     python -m specdec_utils.tools.train_draft --names ngram --device cpu --dtype bfloat16 \
         --corpus corpus.pt                                                       # notebook 05's n-gram table
+    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_draft --names draft-m --corpus corpus.pt \
+        --objective kl+lk --checkpoint draft-m.state                             # four GPUs, resumable sittings
 
 `ngram` is not trained but counted: `ngram.NgramDraft.build` over the same target-written corpus
 (the continuation tokens only), evaluated like the drafts (top-1 agreement with the target's greedy
@@ -246,24 +248,35 @@ def lr_schedule(peak: float, warmup: int, total: int, floor: float):
 
 def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
           seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 25,
-          heldout=None, heldout_every: int = 250, objective: str = "kl", weight: float = 1.0) -> list[dict]:
+          heldout=None, heldout_every: int = 250, objective: str = "kl", weight: float = 1.0,
+          checkpoint: Path | None = None, checkpoint_every: int = 0, until: int | None = None) -> list[dict]:
     """AdamW with linear warm-up over the first 2% of `steps` and cosine decay to 10% of `lr` (`lr_schedule`)
     over `steps` or `time_budget_s`, whichever ends first (with a budget, the schedule's step is the larger of
     the step and the elapsed fraction of the budget times `steps`); bf16 autocast on CUDA. `objective` and `weight`:
     what is minimised (`objectives`: "kl", "lk" or "kl+lk"; the log always carries the KL and the acceptance
     sum min(p, q) beside the objective's value). Under torchrun (`distributed`), as in `train_eagle.train`: every copy
     trains on its slice of one global sample of `batch_size` x world rows and the gradients are averaged, so the copies
-    keep the same weights. Returns the log;
+    keep the same weights. `checkpoint`, `checkpoint_every` and `until`: training in sittings, as in
+    `train_eagle.train` (the draft, the optimizer, the sampler, the step and the time spent go on from the saved state;
+    `until` ends this sitting after that many steps in all). Returns the log;
     with `heldout` (from `heldout_batch`), entries every `heldout_every` steps also carry held-out agreement."""
     device = target.device
     draft.to(device).train()
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     rate = lr_schedule(lr, max(1, steps // 50), steps, 0.1 * lr)
     rng = random.Random(seed)
-    log, start = [], time.time()
+    log, spent, first = [], 0.0, 0
+    state = distributed.load_checkpoint(checkpoint, device)
+    if state is not None:
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["opt"])
+        rng.setstate(state["rng"])
+        log, spent, first = state["log"], state["seconds"], state["step"]
+    start = time.time() - spent
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     world = distributed.world_size()
-    for step in progress(range(steps), desc="distilling", **({} if distributed.is_main() else {"disable": True})):
+    for step in progress(range(first, steps), desc="distilling",
+                         **({} if distributed.is_main() else {"disable": True})):
         done = distributed.agree_max(max(step / steps, (time.time() - start) / time_budget_s), device)
         for group in opt.param_groups:
             group["lr"] = rate(min(done, 1) * steps)
@@ -276,7 +289,7 @@ def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len
         distributed.average_gradients(list(draft.parameters()))
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        last = done >= 1 or step == steps - 1
+        last = done >= 1 or step == steps - 1 or step + 1 == until
         if step % log_every == 0 or last:
             entry = {"step": step, "loss": loss.item(), "kl": kl.item(), "acceptance": alpha.item(),
                      "agreement": agree.item(),
@@ -285,6 +298,10 @@ def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len
                 with autocast:
                     entry["heldout_agreement"] = heldout_agreement(draft, heldout)
             log.append(entry)
+        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last):
+            distributed.save_checkpoint(checkpoint, {
+                "draft": draft.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(), "log": log,
+                "seconds": time.time() - start, "step": step + 1})
         if last:
             break
     draft.eval()
@@ -380,9 +397,15 @@ def parse_args(argv=None):
     ap.add_argument("--objective", choices=objectives.OBJECTIVES, default="kl",
                     help="what the draft minimises (tools/objectives.py): kl, lk (-log of the acceptance rate), kl+lk")
     ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="save the training state here every --checkpoint-every steps, and resume from it if it "
+                         "exists (one draft; a machine held for a limited time trains in several sittings)")
+    ap.add_argument("--checkpoint-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     names = args.names.split(",")
+    if args.checkpoint is not None and len(names) != 1:
+        ap.error(f"--checkpoint: one draft at a time, got --names {args.names}")
     bad = [n for n in names if n not in (*DRAFT_SHAPES, NGRAM_NAME)]
     if bad:
         ap.error(f"--names: unknown draft {bad[0]!r}; allowed: {', '.join([*DRAFT_SHAPES, NGRAM_NAME])}")
@@ -523,7 +546,7 @@ def main(argv=None):
             draft, before = make_draft(name, target, vocab), None
         log = train(draft, target, corpus, args.steps, args.batch_size, args.lr, seed=args.seed,
                     time_budget_s=args.train_budget_s, heldout=heldout, objective=args.objective,
-                    weight=args.lk_weight)
+                    weight=args.lk_weight, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
         if not distributed.is_main():
             continue  # the first copy measures and saves
         draft = draft.to(dtype=torch.bfloat16)  # saved in bfloat16, measured as the lessons load it: in float32

@@ -126,8 +126,8 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
     rng = random.Random(seed)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     log, spent, first = [], 0.0, 0
-    if checkpoint is not None and Path(checkpoint).exists():
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
+    state = distributed.load_checkpoint(checkpoint, device)
+    if state is not None:
         with torch.no_grad():
             for p, m, saved in zip(params, master, state["master"]):
                 m.copy_(saved)
@@ -163,12 +163,10 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
             log.append(entry)
             if verbose and distributed.is_main():
                 print(json.dumps(entry), flush=True)
-        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last) \
-                and distributed.is_main():
-            state = {"master": [m.detach() for m in master], "opt": opt.state_dict(), "rng": rng.getstate(),
-                     "log": log, "seconds": time.time() - start, "step": step + 1}
-            torch.save(state, Path(checkpoint).with_suffix(".tmp"))
-            Path(checkpoint).with_suffix(".tmp").replace(checkpoint)  # never a half-written checkpoint
+        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last):
+            distributed.save_checkpoint(checkpoint, {
+                "master": [m.detach() for m in master], "opt": opt.state_dict(), "rng": rng.getstate(),
+                "log": log, "seconds": time.time() - start, "step": step + 1})
         if last:
             break
     head.trained_steps = step + 1
