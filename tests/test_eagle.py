@@ -219,6 +219,19 @@ def test_train_eagle_cli_trains_saves_and_goes_on_from_a_saved_head(tmp_path, ca
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit, match="not trained with the 'eagle1' recipe"):
         train_eagle.main([*common[:-1], "eagle1", "--steps", "1", "--init", str(tmp_path / "a")])
+    # the objectives' ablation: each variant once per objective, from the same seed, into one JSON
+    ablation = tmp_path / "ablation.json"
+    assert train_eagle.main([*common, "--steps", "1", "--objectives", "kl,lk", "--ablation", str(ablation)]) == 0
+    runs = json.loads(ablation.read_text())["variants"]
+    assert [r["variant"] for r in runs] == ["eagle3/kl", "eagle3/lk"]
+    assert [r["recipe"]["objective"] for r in runs] == ["kl", "lk"]
+    capsys.readouterr()
+    for argv, message in (([*common, "--objectives", "kl,tv"], "unknown objective 'tv'; allowed: kl, lk, kl+lk"),
+                          ([*common, "--objectives", "kl,lk", "--checkpoint", str(tmp_path / "c.pt")],
+                           "--checkpoint: one variant and one objective")):
+        with pytest.raises(SystemExit):
+            train_eagle.parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def _reference_tree(self, tokens, h_root, logits_root, gamma, policy):

@@ -12,6 +12,8 @@ Recipes (`--variants`, each one change on the previous: the ablation of notebook
 | `ttt` | EAGLE-3 | layers 2, 15, 27 | soft CE, sum of 0.8^k x step k | 5 | full |
 | `eagle3` | EAGLE-3 | layers 2, 15, 27 | the same | 5 | the 8,192 tokens the target writes most |
 
+The objective (`--objectives`, `objectives.py`): KL to the target's distribution (EAGLE's soft cross-entropy, the
+default), the acceptance objective -log sum min(p, q) (after LK losses), or both.
 AdamW (betas 0.9, 0.95), linear warm-up then cosine decay to 10% (`train_draft.lr_schedule`), gradient clip
 0.5 (EAGLE's), bf16 autocast on CUDA; a time budget per variant. After training, each head is measured on
 the target's greedy continuations of the held-out prompts: first-token agreement and the chain's tau at
@@ -22,6 +24,8 @@ first mismatch; step k of the unrolled forward, counting from 0, *is* draft k + 
         --time-budget-s 330 --out data/models/eagle-head                      # the shipped head (H100)
     python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cuda \
         --variants eagle1,eagle3-layer,fused,ttt,eagle3 --time-budget-s 88 --eval-prompts 88 --ablation ablation.json
+    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_eagle --corpus corpus.pt --variants eagle3 \
+        --objectives kl,lk,kl+lk --steps 3000 --eval-prompts 176 --ablation objectives.json  # the objectives' ablation
     python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cpu --variants eagle3 --steps 5 \
         --batch-size 2 --max-len 64 --eval-prompts 4 --out /tmp/head           # a CPU smoke run
 """
@@ -41,7 +45,7 @@ from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
-from . import distributed
+from . import distributed, objectives
 from .train_draft import frozen_target, greedy_continuations, lr_schedule
 
 FUSED = "fused"
@@ -62,7 +66,8 @@ def build_head(target, recipe: dict, vocab_ids: torch.Tensor | None) -> EagleHea
 
 
 def eagle_loss(head: EagleHead, features, ids, mask, target_logits, recipe: dict, noise: float | None = None):
-    """The recipe's loss on one batch: per unrolled step k, soft cross-entropy between the target's
+    """The recipe's loss on one batch: per unrolled step k, the recipe's objective (`objectives`: KL by default,
+    the gradient of EAGLE's soft cross-entropy; or the acceptance objective -log sum min(p, q)) between the target's
     distribution at position j + 1 + k (restricted to the draft vocabulary, where positions whose target
     argmax falls outside it are skipped, as EAGLE-3 does) and the head's, plus (EAGLE-1) smooth L1 between the
     head's output and the target's post-norm feature there. Returns (loss, [agreement per step])."""
@@ -89,7 +94,8 @@ def eagle_loss(head: EagleHead, features, ids, mask, target_logits, recipe: dict
         p = torch.softmax(teacher.float(), -1)
         hk = h[:, :span][valid]
         logq = torch.log_softmax(head.logits(hk).float(), -1)
-        loss = recipe["ce"] * -(p * logq).sum(-1).mean()
+        loss = recipe["ce"] * objectives.per_position(p, logq, recipe.get("objective", "kl"),
+                                                      recipe.get("lk_weight", 1.0)).mean()
         if recipe["feature_loss"]:  # EAGLE-1: regress the target's post-norm feature there
             post = final_norm(head.target)(features[:, 1 + k:, -head.hidden_size:][valid])
             loss = loss + recipe["feature_loss"] * F.smooth_l1_loss(hk.float(), post.float())
@@ -258,15 +264,25 @@ def parse_args(argv=None):
                     help="save the training state here every --checkpoint-every steps, and resume from it if it "
                          "exists (one variant)")
     ap.add_argument("--checkpoint-every", type=int, default=200)
+    ap.add_argument("--objectives", default="kl",
+                    help=f"comma-separated, from {', '.join(objectives.OBJECTIVES)} (tools/objectives.py); each "
+                         "variant is trained once per objective (an ablation: the same corpus, seed and steps)")
+    ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.variants = args.variants.split(",")
-    if args.checkpoint is not None and len(args.variants) != 1:
-        ap.error(f"--checkpoint: one variant at a time, got --variants {','.join(args.variants)}")
+    args.objectives = args.objectives.split(",")
+    bad = [o for o in args.objectives if o not in objectives.OBJECTIVES]
+    if bad:
+        ap.error(f"argument --objectives: unknown objective {bad[0]!r}; allowed: {', '.join(objectives.OBJECTIVES)}")
+    if args.checkpoint is not None and len(args.variants) * len(args.objectives) != 1:
+        ap.error(f"--checkpoint: one variant and one objective at a time, got --variants {','.join(args.variants)} "
+                 f"--objectives {','.join(args.objectives)}")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         ap.error(f"argument --variants: unknown variant {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
-    if args.init is not None and (len(args.variants) != 1 or not (args.init / "head.safetensors").exists()):
+    if args.init is not None and (len(args.variants) * len(args.objectives) != 1
+                                  or not (args.init / "head.safetensors").exists()):
         ap.error(f"--init: one variant and a folder with head.safetensors (a head saved by train_eagle); got "
                  f"--variants {','.join(args.variants)} and --init {args.init}")
     return args
@@ -295,13 +311,15 @@ def main(argv=None):
     print(f"draft vocabulary: {len(vocab_ids)} tokens cover {coverage:.2%} of continuation tokens", flush=True)
     device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
     results = []
-    for name in args.variants:
-        recipe = VARIANTS[name]
+    runs = [(variant, objective) for variant in args.variants for objective in args.objectives]
+    for variant, objective in runs:
+        name = variant if len(args.objectives) == 1 and objective == "kl" else f"{variant}/{objective}"
+        recipe = {**VARIANTS[variant], "objective": objective, "lk_weight": args.lk_weight}
         seed_everything(args.seed)
         if args.init:  # go on from a saved head: its own layer, features and draft vocabulary
             head = load_eagle(args.init, target)
             if head.config_dict()["layer"] != recipe["layer"] or (head.vocab_ids is None) != (not recipe["vocab"]):
-                raise SystemExit(f"--init {args.init}: that head was not trained with the {name!r} recipe; "
+                raise SystemExit(f"--init {args.init}: that head was not trained with the {variant!r} recipe; "
                                  f"pick the variant it was trained with")
             before = {**head.log, "trained_steps": head.trained_steps}  # its log, earlier rounds included
             if head.vocab_ids is not None:
