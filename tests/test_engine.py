@@ -30,9 +30,10 @@ from conftest import noisy_copy, random_model, random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# the EAGLE methods read a Llama's layer features through a head built for it (tests/test_eagle.py has their
-# greedy, end-of-sequence and sampled checks); every other method runs here on both tiny families
-EAGLE = ("eagle-chain", "eagle")
+# the EAGLE methods and the block drafter read a Llama's layer features through a model built for it
+# (tests/test_eagle.py and tests/test_block.py have their greedy, end-of-sequence and sampled checks); every other
+# method runs here on both tiny families
+EAGLE = ("eagle-chain", "eagle", "block")
 SPECULATIVE = [m for m in METHODS if m != "ar" and m not in EAGLE]
 
 

@@ -47,11 +47,10 @@ from torch import nn
 from ..models import MODELS_DIR
 from ..utils import require_data
 from .checks import is_count, require
-from .engine import DraftStep, Proposal
+from .engine import Proposal, draw_chain
 from .graphs import GraphCache
 from .hidden import final_norm
 from .policies import DraftingPolicy
-from .sampling import sample_token
 from .tree import depths, prune_keep, subtree
 from .tree_drafting import DraftTreePolicy, _entropy_frac
 
@@ -233,11 +232,7 @@ class EagleHead(nn.Module):
 
     def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [.., V'] scattered into the target's vocabulary (-inf elsewhere)."""
-        if self.vocab_ids is None:
-            return draft_logits
-        full = draft_logits.new_full((*draft_logits.shape[:-1], self.vocab_size), float("-inf"))
-        full[..., self.vocab_ids] = draft_logits
-        return full
+        return scatter_to_vocab(draft_logits, self.vocab_ids, self.vocab_size)
 
     # ------------------------------------------------------------------ training: the unrolled forward
     def ttt_forward(self, features: torch.Tensor, ids: torch.Tensor, steps: int, mask: torch.Tensor | None = None,
@@ -287,14 +282,30 @@ class EagleHead(nn.Module):
                 "trained_steps": self.trained_steps, "log": self.log}
 
     def save(self, path) -> None:
-        from safetensors.torch import save_file
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in self.state_dict().items()}
-        if self.vocab_ids is not None:
-            state["vocab_ids"] = self.vocab_ids.to(torch.int32).cpu()
-        save_file(state, str(path / "head.safetensors"))
-        (path / "config.json").write_text(json.dumps(self.config_dict(), indent=1))
+        save_borrowing(self, path, "head.safetensors")
+
+
+def scatter_to_vocab(draft_logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Logits over a draft vocabulary `vocab_ids` [.., V'] scattered into the target's `vocab_size` (-inf elsewhere);
+    unchanged when the draft has the full vocabulary (None). EAGLE heads and block drafters both use it."""
+    if vocab_ids is None:
+        return draft_logits
+    full = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"))
+    full[..., vocab_ids] = draft_logits
+    return full
+
+
+def save_borrowing(module: nn.Module, path, file: str) -> None:
+    """Save a model that borrows the target's parts (an EAGLE head, a block drafter): its own weights in bfloat16
+    and its draft vocabulary `vocab_ids` in `file`, `module.config_dict()` in config.json."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in module.state_dict().items()}
+    if module.vocab_ids is not None:
+        state["vocab_ids"] = module.vocab_ids.to(torch.int32).cpu()
+    save_file(state, str(path / file))
+    (path / "config.json").write_text(json.dumps(module.config_dict(), indent=1))
 
 
 def eagle_head_for(target, layer: str = "eagle3", features=None, vocab_ids: torch.Tensor | None = None,
@@ -310,9 +321,21 @@ def eagle_head_for(target, layer: str = "eagle3", features=None, vocab_ids: torc
         return EagleHead(target, layer, features, vocab_ids)
 
 
+def read_borrowing(path: Path, file: str, target, what: str) -> tuple[dict, dict, torch.Tensor | None]:
+    """(config, weights, vocab_ids) of a model saved by `save_borrowing` in folder `path`, checked against `target`
+    (the same hidden size and vocabulary) with one clear error line; `what` names the model in it."""
+    from safetensors.torch import load_file
+    config = json.loads((path / "config.json").read_text())
+    hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
+    if config["hidden_size"] != hidden or config["target_vocab_size"] != vocab:
+        raise ValueError(f"the {what} at {path} was trained for hidden size {config['hidden_size']} and "
+                         f"{config['target_vocab_size']} tokens; this target has {hidden} and {vocab}")
+    state = load_file(str(path / file))
+    return config, state, state.pop("vocab_ids", None)
+
+
 def load_eagle(name_or_path, target) -> EagleHead:
     """A head saved by `EagleHead.save` (a name under data/models, or a path), attached to `target`."""
-    from safetensors.torch import load_file
     path = Path(name_or_path)
     if not path.exists():
         require_data()
@@ -320,13 +343,7 @@ def load_eagle(name_or_path, target) -> EagleHead:
     if not (path / "head.safetensors").exists():
         raise ValueError(f"no EAGLE head at {name_or_path} (a folder with head.safetensors and config.json, or a "
                          f"name under {MODELS_DIR}); train one with python -m specdec_utils.tools.train_eagle")
-    config = json.loads((path / "config.json").read_text())
-    hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
-    if config["hidden_size"] != hidden or config["target_vocab_size"] != vocab:
-        raise ValueError(f"the EAGLE head at {path} was trained for hidden size {config['hidden_size']} and "
-                         f"{config['target_vocab_size']} tokens; this target has {hidden} and {vocab}")
-    state = load_file(str(path / "head.safetensors"))
-    vocab_ids = state.pop("vocab_ids", None)
+    config, state, vocab_ids = read_borrowing(path, "head.safetensors", target, "EAGLE head")
     head = EagleHead(target, config["layer"], config["features"], vocab_ids)
     head.load_state_dict(state)
     head.to(device=target.device, dtype=next(target.parameters()).dtype)
@@ -477,32 +494,21 @@ class EagleProposer:
         return self._chain(tokens, h, logits, gamma, policy, sampler, generator, index)
 
     def _chain(self, tokens, h, logits, gamma, policy, sampler, generator, index) -> Proposal:
-        head, m = self.head, tokens.shape[1] - 1
-        drafted, rows, stop, forwards = [], [], "gamma", 1
-        for position in range(gamma):
-            full = head.full_logits(logits)
-            probs = None if sampler.greedy else sampler.probs(full)
-            step = DraftStep(position, index + position, full, None, probs, None)
-            if sampler.greedy:
-                best = logits.argmax()
-                step.drawn = int(head.vocab_ids[best] if head.vocab_ids is not None else best)
-            if policy.stop_before(step):
-                stop = policy.reason
-                break
-            if not sampler.greedy:
-                step.drawn = sample_token(probs, generator)
-            drafted.append(step.drawn)
-            rows.append(probs)
-            if policy.stop_after(step):
-                stop = policy.reason
-                break
-            if position + 1 < gamma:
-                token = tokens.new_tensor([step.drawn])
-                pos = torch.tensor([m + position], device=h.device)
-                allowed = torch.ones(1, self.cache.length + 1, dtype=torch.bool, device=h.device)
-                h, logits = self.step(h[None], token, pos, allowed, own=True)
-                h, logits, forwards = h[0], logits[0], forwards + 1
-        probs = torch.stack(rows) if rows and rows[0] is not None else None
+        head, m, forwards = self.head, tokens.shape[1] - 1, 1
+
+        def slot(logits):  # (full-vocabulary logits, greedy token id) of one head output
+            best = logits.argmax()
+            return head.full_logits(logits), int(head.vocab_ids[best] if head.vocab_ids is not None else best)
+
+        def advance(token, position):  # one more head step, on the token just drafted
+            nonlocal h, forwards
+            pos = torch.tensor([m + position], device=h.device)
+            allowed = torch.ones(1, self.cache.length + 1, dtype=torch.bool, device=h.device)
+            h, logits = self.step(h[None], tokens.new_tensor([token]), pos, allowed, own=True)
+            h, forwards = h[0], forwards + 1
+            return slot(logits[0])
+
+        drafted, probs, stop = draw_chain(slot(logits), advance, gamma, policy, sampler, generator, index)
         return Proposal(tokens.new_tensor(drafted), probs, stop, forwards, head.vocab_size)
 
     def _tree(self, tokens, h_root, logits_root, gamma, policy) -> Proposal:

@@ -255,6 +255,35 @@ class NoDraft:
         pass
 
 
+def draw_chain(first, advance, gamma: int, policy, sampler: Sampler, generator, index: int):
+    """The token loop of a proposer whose tokens come one slot after another (an EAGLE chain, a block drafter's
+    slots). `first` is (full-vocabulary logits [V], greedy token) of the first slot; `advance(token, position)`
+    returns the same for the next slot once `token` was drafted at `position`. Before each token the policy may
+    stop (`stop_before`: it must not read a sampled token); the token is the greedy one or is drawn from the
+    sampler's warped logits; after it the policy may stop (`stop_after`). Returns (drafted token ids, the
+    distributions they were drawn from [k, V] or None when greedy, the stop reason)."""
+    drafted, rows, stop = [], [], "gamma"
+    logits, best = first
+    for position in range(gamma):
+        probs = None if sampler.greedy else sampler.probs(logits)
+        step = DraftStep(position, index + position, logits, None, probs, None)
+        if sampler.greedy:
+            step.drawn = best
+        if policy.stop_before(step):
+            stop = policy.reason
+            break
+        if not sampler.greedy:
+            step.drawn = sample_token(probs, generator)
+        drafted.append(step.drawn)
+        rows.append(probs)
+        if policy.stop_after(step):
+            stop = policy.reason
+            break
+        if position + 1 < gamma:
+            logits, best = advance(step.drawn, position)
+    return drafted, (torch.stack(rows) if rows and rows[0] is not None else None), stop
+
+
 class DraftModelProposer:
     """A draft model proposes up to `gamma` tokens, one forward each, asking the policy before
     and after every token whether to go on (Leviathan et al. 2023, Algorithm 1, step 1).

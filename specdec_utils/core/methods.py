@@ -18,6 +18,7 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | `draft-tree` | the draft model grows a token tree | width, size, pruning (notebook 06) | 4 |
 | `eagle-chain` | an EAGLE head on the target's features: a chain | fixed gamma (notebook 07) | 5 |
 | `eagle` | an EAGLE head grows EAGLE-2's dynamic tree | width, size (notebook 07) | 6 |
+| `block` | a block drafter (DFlash): a block of drafts from one pass | the first gamma of the block | 7 |
 
 `register(Method(...))` adds a method of your own. `greedy` and `sampling`, the names `draft` had before, still
 work (`ALIASES`; a result keeps the name it was asked by, as the benchmarks record it).
@@ -29,8 +30,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import block, hierarchy, policies, tree_drafting
 from . import eagle as eagle_heads
-from . import hierarchy, policies, tree_drafting
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 from .runner import ModelRunner
 from .verify import TypicalVerifier, Verifier
@@ -126,6 +127,14 @@ def _eagle_tree(models, what):
     return eagle_heads.EagleProposer(_eagle_head(models, what), tree=True)
 
 
+def _block(models, what):
+    drafter = models["draft"]
+    if not isinstance(drafter, block.BlockDrafter):
+        raise ValueError(f"{what} needs draft=... a block drafter (specdec_utils.core.block.block_drafter_for(target) "
+                         f"or a trained one), got {type(drafter).__name__}")
+    return block.BlockProposer(drafter)
+
+
 def _model(model_or_runner):
     return model_or_runner.model if isinstance(model_or_runner, ModelRunner) else model_or_runner
 
@@ -162,6 +171,7 @@ for _method in (
     Method("draft-tree", _draft_tree, tree_drafting.DraftTreePolicy, DRAFT),
     Method("eagle-chain", _eagle_chain, eagle_heads.EagleChainPolicy, frozenset({"eagle"})),
     Method("eagle", _eagle_tree, eagle_heads.EaglePolicy, frozenset({"eagle"})),
+    Method("block", _block, block.BlockPolicy, DRAFT),
 ):
     register(_method)
 

@@ -11,8 +11,8 @@ distribution `p` and the draft's log-probabilities `logq` over the same vocabula
   the overlap.
 
 alpha is also what a greedy round cares about only indirectly (greedy verification accepts when the argmaxes agree);
-the trainer logs both alpha and top-1 agreement beside the KL. (`train_eagle` still minimises its soft cross-entropy
-inline: lesson 07 prints that function, so it changes together with the lesson.)
+the trainer logs both alpha and top-1 agreement beside the KL. The three trainers share these: `train_draft
+--objective`, `train_eagle --objectives` (an ablation over them) and `train_block --objective`.
 """
 from __future__ import annotations
 

@@ -113,9 +113,12 @@ def target_pass(target, head: EagleHead, ids, mask):
 
 def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size: int, lr: float, max_len: int,
           seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50, verbose: bool = True,
-          checkpoint: Path | None = None, checkpoint_every: int = 0, until: int | None = None) -> list[dict]:
+          checkpoint: Path | None = None, checkpoint_every: int = 0, until: int | None = None,
+          loss=None) -> list[dict]:
     """Train `head` with `recipe` (a `VARIANTS` entry): AdamW on fp32 master weights, the schedule and budget of
     `train_draft.train`. Returns the log (every `log_every` steps: loss, per-step agreement, lr, seconds).
+    `loss(head, features, ids, mask, target_logits, recipe)` -> (loss, agreements): `eagle_loss` by default; the
+    block drafter's trainer (`train_block`) passes its own, so both train in this one loop.
 
     Under torchrun (`distributed`) every copy trains on its slice of one global sample of `batch_size` x world rows
     (`batch_size` per GPU) and the gradients are averaged, so the copies keep the same weights. `checkpoint` (a
@@ -150,10 +153,10 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
         ids, mask = corpus.batch(distributed.shard(picks), max_len, device)
         feats, logits = target_pass(target, head, ids, mask)
         with autocast:
-            loss, agree = eagle_loss(head, feats, ids, mask, logits, recipe)
+            value, agree = (loss or eagle_loss)(head, feats, ids, mask, logits, recipe)
         for p in params:
             p.grad = None
-        loss.backward()
+        value.backward()
         distributed.average_gradients(params)
         for p, m in zip(params, master):
             m.grad = p.grad.float() if p.grad is not None else torch.zeros_like(m)
@@ -164,7 +167,7 @@ def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size:
                 p.copy_(m)
         last = done >= 1 or step == steps - 1 or step + 1 == until
         if step % log_every == 0 or last:
-            entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": opt.param_groups[0]["lr"],
+            entry = {"step": step, "loss": value.item(), "agreement": agree, "lr": opt.param_groups[0]["lr"],
                      "seconds": round(time.time() - start, 1)}
             log.append(entry)
             if verbose and distributed.is_main():

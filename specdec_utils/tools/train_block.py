@@ -1,0 +1,177 @@
+"""Train a block drafter (`core/block.py`, DFlash's recipe) on target-written text, on one GPU or several.
+
+Each step runs the frozen target over a batch of rows the target wrote itself (`write_corpus`), capturing the
+features at the drafter's layers and the target's logits (`train_eagle.target_pass`), then draws `anchors` random
+anchor positions per row. The block anchored at position s reads the context before s (`block.block_mask`: what
+exists at decode time when s is the newest token) and its slot i learns the target's distribution of token s + i
+(the target's logits at position s + i - 1), in the draft vocabulary, weighted 0.8^(i-1): slot i only counts when
+slots 1..i-1 were accepted, the same weighting as the EAGLE trainer's unrolled steps. The objective is KL by
+default, or the acceptance objective (`objectives.py`). One loop trains it and the EAGLE heads
+(`train_eagle.train`: AdamW on float32 master weights, the schedule, the time budget, data-parallel copies under
+torchrun, resumable checkpoints).
+
+    python -m specdec_utils.tools.train_block --corpus corpus.pt --device cuda --steps 6000 \\
+        --out data/models/block-drafter                                          # one GPU
+    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_block --corpus corpus.pt --steps 6000 \\
+        --checkpoint block.state --out data/models/block-drafter                 # four GPUs, resumable sittings
+    python -m specdec_utils.tools.train_block --corpus corpus.pt --device cpu --steps 5 --batch-size 2 \\
+        --max-len 64 --eval-prompts 4 --vocab-size 256 --out /tmp/block          # a CPU smoke run
+
+After training the drafter is measured on the target's greedy continuations of the held-out prompts: tau per
+drafting round at gamma 3, 5 and block_size - 1, exact for greedy decoding (the block anchored at a round's newest
+token is what that round drafts; `train_eagle.chain_rounds` counts the accepted prefixes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..core.block import BlockDrafter, block_mask
+from ..prompts import build_prompts, format_prompt
+from ..utils import seed_everything
+from . import distributed, objectives
+from .train_draft import frozen_target, greedy_continuations
+from .train_eagle import chain_rounds, choose_vocab, target_pass, train
+
+SLOT_WEIGHT = 0.8
+
+
+def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe: dict):
+    """The block objective on one batch (see the module docstring). `recipe`: "anchors" per row, "objective",
+    "lk_weight" and "seed". The anchors are drawn from the seed and the batch itself, so a run resumed from a
+    checkpoint draws what the run that never stopped drew. Returns (loss, [top-1 agreement per slot])."""
+    B, n = ids.shape
+    b, device = drafter.block_size, ids.device
+    real = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    generator = torch.Generator().manual_seed(recipe.get("seed", 0) * 1_000_003 + int(ids.sum()))
+    scores = torch.rand(B, n, generator=generator).to(device)
+    scores[:, 0], scores[:, n - 1:] = -1.0, -1.0  # an anchor needs context before it and a token after it
+    scores[~real] = -1.0
+    starts = scores.topk(min(recipe.get("anchors", 8), max(n - 2, 1)), dim=1).indices  # [B, A]
+    usable = scores.gather(1, starts) >= 0
+    logits = drafter(drafter.fuse(features), ids.gather(1, starts), starts, block_mask(starts, n))
+    slots = torch.arange(1, b, device=device)
+    predicted = starts[..., None] + slots  # [B, A, b - 1]: the position each slot predicts
+    inside = predicted.clamp(max=n - 1)
+    ok = usable[..., None] & (predicted < n) & real.gather(1, inside.flatten(1)).view_as(inside)
+    teacher = target_logits if drafter.vocab_ids is None else target_logits[..., drafter.vocab_ids]
+    teacher = teacher.gather(1, (inside - 1).flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
+    p = torch.softmax(teacher.view(*inside.shape, -1).float(), -1)
+    logq = torch.log_softmax(logits.float(), -1)
+    per = objectives.per_position(p, logq, recipe.get("objective", "kl"), recipe.get("lk_weight", 1.0))
+    weight = (SLOT_WEIGHT ** (slots - 1).float()) * ok
+    loss = (per * weight).sum() / weight.sum().clamp_min(1e-9)
+    hits = (logq.argmax(-1) == p.argmax(-1)) & ok
+    agree = [round(float(hits[..., i].sum() / ok[..., i].sum().clamp_min(1)), 4) for i in range(b - 1)]
+    return loss, agree
+
+
+@torch.no_grad()
+def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continuations: list[list[int]],
+             gammas=(3, 5)) -> dict:
+    """First-slot agreement and tau per drafting round on the target's greedy continuations (exact for greedy
+    decoding): a round whose newest token is continuation token m (position n + m) drafts the block anchored
+    there, and its k-th draft is right when it equals the token at position n + m + 1 + k."""
+    b = drafter.block_size
+    gammas = sorted({g for g in (*gammas, b - 1) if g <= b - 1})
+    first, total, produced = 0, 0, {g: [] for g in gammas}
+    for row, cont in zip(rows, continuations):
+        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        ids = torch.tensor([prompt + cont], device=target.device)
+        n, length = len(prompt), ids.shape[1]
+        feats, _ = target_pass(target, drafter, ids, None)
+        starts = torch.arange(n, length, device=ids.device)[None]  # one round per continuation token
+        logits = drafter(drafter.fuse(feats), ids.gather(1, starts), starts, block_mask(starts, length))[0]
+        guesses = drafter.draft_ids(logits)  # [count, b - 1]
+        wanted = starts[0, :, None] + 1 + torch.arange(b - 1, device=ids.device)
+        matches = (wanted < length) & (guesses == ids[0, wanted.clamp(max=length - 1)])
+        first += int(matches[:-1, 0].sum())
+        total += max(len(cont) - 1, 0)
+        for g in gammas:
+            produced[g] += chain_rounds(matches.cpu(), g)
+    out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
+    for g in gammas:
+        out[f"tau_gamma{g}"] = sum(produced[g]) / max(len(produced[g]), 1)
+    return out
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, required=True, help="target-written text (write_corpus)")
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    ap.add_argument("--block-size", type=int, default=8, help="the anchor and block_size - 1 drafted slots")
+    ap.add_argument("--layers", type=int, default=1, help="draft layers")
+    ap.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (the tokens the target writes most)")
+    ap.add_argument("--anchors", type=int, default=8, help="blocks per training row")
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--time-budget-s", type=float, default=float("inf"))
+    ap.add_argument("--batch-size", type=int, default=16, help="rows per GPU")
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--objective", choices=objectives.OBJECTIVES, default="kl")
+    ap.add_argument("--lk-weight", type=float, default=1.0)
+    ap.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts to measure on (0 = all)")
+    ap.add_argument("--out", type=Path, default=None, help="save the drafter here, e.g. data/models/block-drafter")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="save the training state here every --checkpoint-every steps, and resume from it")
+    ap.add_argument("--checkpoint-every", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for arg, low in (("block_size", 2), ("layers", 1), ("vocab_size", 1), ("anchors", 1), ("steps", 1),
+                     ("batch_size", 1), ("max_len", 3)):
+        if getattr(args, arg) < low:
+            ap.error(f"--{arg.replace('_', '-')} must be >= {low}, got {getattr(args, arg)}")
+    if not args.corpus.exists():
+        ap.error(f"--corpus {args.corpus}: no such file (write it with python -m specdec_utils.tools.write_corpus)")
+    return args
+
+
+def main(argv=None):
+    from .write_corpus import load_corpus
+    args = parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = "python -m specdec_utils.tools.train_block " + " ".join(words)
+    copy_device = distributed.setup()  # under torchrun: this copy's GPU
+    if copy_device is not None:
+        args.device = str(copy_device)
+        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_block " + \
+            " ".join(words)
+    seed_everything(args.seed)
+    target, tokenizer, _ = frozen_target(args)
+    corpus = load_corpus(args.corpus)
+    vocab_ids, coverage = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
+    drafter = BlockDrafter(target, args.block_size, args.layers, vocab_ids=vocab_ids.to(target.device))
+    recipe = {"anchors": args.anchors, "objective": args.objective, "lk_weight": args.lk_weight, "seed": args.seed}
+
+    started = time.time()
+    log = train(drafter, target, corpus, recipe, args.steps, args.batch_size, args.lr, args.max_len, args.seed,
+                args.time_budget_s, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, loss=block_loss)
+    seconds = time.time() - started
+    if distributed.is_main():  # the first copy measures and saves
+        rows = build_prompts("eval")
+        if args.eval_prompts:
+            rows = random.Random(args.seed).sample(rows, min(args.eval_prompts, len(rows)))
+        drafter.eval()
+        metrics = evaluate(drafter, target, tokenizer, rows, greedy_continuations(target, tokenizer, rows, 64))
+        print(json.dumps(metrics), flush=True)
+        drafter.log = {"command": command, "objective": args.objective, "gpus": distributed.world_size(),
+                       "batch_size_per_gpu": args.batch_size, "corpus_tokens": corpus.num_tokens,
+                       "vocab_coverage": coverage, "seconds": round(seconds, 1), "eval": metrics, "train_log": log,
+                       "device": torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"}
+        if args.out is not None:
+            drafter.save(args.out)
+    distributed.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Block drafting (core/block.py): the training forward (many blocks per row, each reading the context before its
+anchor) equals the decode-time forward; greedy `block` equals `ar` (full and reduced vocabulary, EOS and budget
+cuts); sampled `block` is exact over whole outputs, and a planted bug (drafts verified against the wrong q) fails;
+one drafter pass per round; bad arguments fail in one line."""
+import pytest
+import torch
+from test_eagle import tiny_target
+
+from specdec_utils import generate
+from specdec_utils.core import block
+from specdec_utils.core.engine import Sampler
+from specdec_utils.core.hidden import capture_hidden
+from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is fastest (see conftest)
+
+
+def random_drafter(target, seed: int = 0, **options):
+    drafter = block.block_drafter_for(target, seed=seed, **options)
+    with torch.no_grad():  # an untrained drafter is near-uniform: make every part matter
+        for p in drafter.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    return drafter.eval()
+
+
+def test_training_blocks_equal_one_block_at_decode_time():
+    target = tiny_target(64, 1)
+    drafter = random_drafter(target, 3, block_size=4, layers=2)
+    ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture_hidden(target, drafter.target_hidden) as captured:
+        target(input_ids=ids)
+    context = drafter.fuse(captured[0])  # [2, 12, H]
+    starts = torch.tensor([[2, 5, 9], [1, 6, 11]])
+    anchors = ids.gather(1, starts)
+    with torch.no_grad():
+        together = drafter(context, anchors, starts, block.block_mask(starts, 12))
+        for row in range(2):
+            for a in range(3):
+                s = int(starts[row, a])  # decode time: the context is exactly the positions before the anchor
+                alone = drafter(context[row:row + 1, :s], anchors[row:row + 1, a:a + 1], starts[row:row + 1, a:a + 1],
+                                torch.ones(1, 1, s, dtype=torch.bool))
+                assert torch.allclose(together[row, a], alone[0, 0], atol=1e-5), (row, a)
+    # the block attends inside itself both ways: changing the anchor changes every slot's logits
+    everything = torch.ones(1, 1, 5, dtype=torch.bool)
+    other = drafter(context[:1, :5], (anchors[:1, 1:2] + 1) % 64, starts[:1, 1:2], everything)
+    assert not torch.allclose(other[0, 0], together[0, 1], atol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.arange(3, 40)}], ids=["full", "reduced"])
+def test_greedy_block_equals_ar(options):
+    target = tiny_target(64, 2)
+    drafter = random_drafter(target, 1, block_size=5, **options)
+    ids = torch.tensor([[5, 9, 11, 4]])
+    ref = generate(target, ids, 30, method="ar")
+    for gamma in (1, 4):
+        out = generate(target, ids, 30, method="block", draft=drafter, gamma=gamma)
+        assert out.new_token_ids == ref.new_token_ids
+        assert out.draft_calls == sum(r.drafted > 0 for r in out.rounds)  # one drafter pass per drafting round
+        assert all(r.drafted <= gamma for r in out.rounds)
+    eos = ref.new_token_ids[7]
+    expected = generate(target, ids, 30, method="ar", eos_token_id=eos).new_token_ids
+    for budget in (30, 2, 1):
+        out = generate(target, ids, budget, method="block", draft=drafter, eos_token_id=eos)
+        assert out.new_token_ids == expected[:budget]
+
+
+def test_a_drafter_that_copies_the_target_is_always_accepted(monkeypatch):
+    """Proposals the target agrees with are all kept: a drafter whose slots are the target's own greedy tokens
+    gives gamma + 1 tokens per round (the plumbing of anchors, positions and rollback, checked end to end)."""
+    target = tiny_target(64, 2)
+    drafter = random_drafter(target, 1, block_size=5)
+    ids = torch.tensor([[5, 9, 11, 4]])
+    ref = generate(target, ids, 24, method="ar").new_token_ids
+    full = torch.cat([ids[0], torch.tensor(ref)])
+
+    def oracle(self, context, anchors, starts, context_mask):
+        m = int(starts[0, 0])
+        future = full[m + 1:m + self.block_size]
+        logits = torch.full((1, 1, self.block_size - 1, 64), -10.0)
+        logits[0, 0, torch.arange(len(future)), future] = 10.0
+        return logits
+    monkeypatch.setattr(block.BlockDrafter, "forward", oracle)
+    out = generate(target, ids, 24, method="block", draft=drafter, gamma=4)
+    assert out.new_token_ids == ref
+    assert [r.accepted for r in out.rounds[1:-1]] == [4] * (len(out.rounds) - 2)
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target = tiny_target(4, 1)
+    drafter = random_drafter(target, 5, block_size=4)
+    prompt = torch.tensor([[1, 3, 0]])
+    return target, drafter, prompt, exact_distribution(target, prompt, 5, Sampler(1.0))
+
+
+# 3,000 outputs of 5 tokens (1,024 possible) detect TV >= 0.071 (90% power at alpha 1e-3, worst direction;
+# `exactness.min_detectable_tv`, as for the other methods)
+@pytest.mark.stat
+@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.tensor([0, 1, 3])}], ids=["full", "reduced"])
+def test_sampled_block_is_exact_over_whole_outputs(small_vocab, options):
+    target, drafter, prompt, exact = small_vocab
+    if options:
+        drafter = random_drafter(target, 7, block_size=4, **options)
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method="block", draft=drafter, gamma=3,
+                                               temperature=1.0, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.stat
+def test_planted_bug_slots_verified_against_the_wrong_q_fails(small_vocab, monkeypatch):
+    """The block's tokens drawn from each slot's q but verified as if drawn from the uniform distribution."""
+    target, drafter, prompt, exact = small_vocab
+    original = block.BlockProposer.propose
+
+    def without_q(self, *args):
+        proposal = original(self, *args)
+        if proposal.probs is not None:
+            proposal.probs = torch.full_like(proposal.probs, 0.25)
+        return proposal
+    monkeypatch.setattr(block.BlockProposer, "propose", without_q)
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method="block", draft=drafter, gamma=3,
+                                               temperature=1.0, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) < 1e-6
+
+
+def test_bad_arguments_fail_in_one_line():
+    target = tiny_target(64, 1)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 2"):
+        block.BlockDrafter(target, block_size=1)
+    with pytest.raises(ValueError, match="features must be"):
+        block.BlockDrafter(target, features=(99,))
+    with pytest.raises(ValueError, match="needs draft=... a block drafter"):
+        generate(target, torch.tensor([[1, 2]]), 4, method="block", draft=target)
+
+
+def test_the_trainer_lowers_the_block_loss_and_saves_what_it_measured(tmp_path):
+    import json
+
+    from specdec_utils.tools import train_block, write_corpus
+    corpus = tmp_path / "corpus.pt"
+    assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "300", "--batch", "8",
+                              "--new-tokens", "24", "--out", str(corpus), "--mix", "docs=1"]) == 0
+    assert train_block.main(["--corpus", str(corpus), "--target", "tiny-llama", "--device", "cpu", "--steps", "30",
+                             "--batch-size", "4", "--max-len", "40", "--eval-prompts", "2", "--vocab-size", "200",
+                             "--block-size", "4", "--lr", "3e-3", "--out", str(tmp_path / "d")]) == 0
+    log = json.loads((tmp_path / "d" / "config.json").read_text())["log"]
+    losses = [entry["loss"] for entry in log["train_log"]]
+    assert losses[-1] < losses[0]  # it learns (a tiny random target: the loss falls fast)
+    assert 1 <= log["eval"]["tau_gamma3"] <= 4 and log["eval"]["prompts"] == 2
+    with pytest.raises(ValueError, match="was trained for hidden size"):
+        block.load_block(tmp_path / "d", tiny_target(64, 1))  # 64 tokens, not the trainer's tiny-llama vocabulary
+    with pytest.raises(SystemExit):
+        train_block.main(["--corpus", str(tmp_path / "missing.pt")])
+
+
+def test_save_and_load_round_trip(tmp_path):
+    target = tiny_target(64, 1)
+    drafter = random_drafter(target, 2, block_size=5, layers=2, vocab_ids=torch.arange(5, 45))
+    drafter.save(tmp_path / "d")
+    loaded = block.load_block(tmp_path / "d", target)
+    assert loaded.block_size == 5 and len(loaded.layers) == 2 and torch.equal(loaded.vocab_ids, drafter.vocab_ids)
+    for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
+        assert torch.allclose(a.to(torch.bfloat16).float(), b.float()), name
+    with pytest.raises(ValueError, match="no block drafter"):
+        block.load_block(tmp_path / "nothing", target)
