@@ -163,3 +163,31 @@ def test_save_and_load_round_trip(tmp_path):
         assert torch.allclose(a.to(torch.bfloat16).float(), b.float()), name
     with pytest.raises(ValueError, match="no block drafter"):
         block.load_block(tmp_path / "nothing", target)
+
+
+def test_the_trainers_tau_is_the_engines(monkeypatch):
+    """`train_block.evaluate` counts rounds from one batched pass (teacher-forced); the engine decodes. With a
+    drafter right on some slots and wrong on others, the rounds they count are the same (the last ones aside,
+    where the engine's token budget cuts the drafts)."""
+    from specdec_utils.tools import train_block
+    from specdec_utils.tools.train_eagle import chain_rounds
+    target = tiny_target(64, 2)
+    drafter = random_drafter(target, 1, block_size=5)
+    prompt = torch.tensor([[5, 9, 11, 4]])
+    cont = generate(target, prompt, 40, method="ar").new_token_ids
+    full = torch.cat([prompt[0], torch.tensor(cont)])
+
+    def sometimes_right(self, context, anchors, starts, context_mask):
+        B, A = anchors.shape
+        logits = torch.full((B, A, self.block_size - 1, 64), -10.0)
+        for a in range(A):
+            for i in range(self.block_size - 1):
+                pos = int(starts[0, a]) + 1 + i
+                right = int(full[pos]) if pos < len(full) else 0
+                logits[0, a, i, right if pos % 3 else (right + 1) % 64] = 10.0
+        return logits
+    monkeypatch.setattr(block.BlockDrafter, "forward", sometimes_right)
+    counted = chain_rounds(train_block.block_matches(drafter, target, full[None], prompt.shape[1]), 4)
+    decoded = [r.accepted + 1 for r in generate(target, prompt, 40, method="block", draft=drafter, gamma=4).rounds[1:]]
+    assert len(counted) > 8 and counted[:-2] == decoded[:len(counted) - 2]
+    assert len(set(counted)) > 1  # the rounds differ: a real check, not all-rejected

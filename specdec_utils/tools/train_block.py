@@ -73,6 +73,19 @@ def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe
 
 
 @torch.no_grad()
+def block_matches(drafter: BlockDrafter, target, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """`matches[m, k]`: is the k-th draft right in the round whose newest token is ids[0, n + m] (one block per
+    continuation token, all drafted in one batched pass over the target's features of `ids` [1, length])?"""
+    length = ids.shape[1]
+    feats, _ = target_pass(target, drafter, ids, None)
+    starts = torch.arange(n, length, device=ids.device)[None]
+    logits = drafter(drafter.fuse(feats), ids.gather(1, starts), starts, block_mask(starts, length))[0]
+    guesses = drafter.draft_ids(logits)  # [count, block_size - 1]
+    wanted = starts[0, :, None] + 1 + torch.arange(drafter.block_size - 1, device=ids.device)
+    return ((wanted < length) & (guesses == ids[0, wanted.clamp(max=length - 1)])).cpu()
+
+
+@torch.no_grad()
 def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continuations: list[list[int]],
              gammas=(3, 5)) -> dict:
     """First-slot agreement and tau per drafting round on the target's greedy continuations (exact for greedy
@@ -84,17 +97,11 @@ def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continu
     for row, cont in zip(rows, continuations):
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + cont], device=target.device)
-        n, length = len(prompt), ids.shape[1]
-        feats, _ = target_pass(target, drafter, ids, None)
-        starts = torch.arange(n, length, device=ids.device)[None]  # one round per continuation token
-        logits = drafter(drafter.fuse(feats), ids.gather(1, starts), starts, block_mask(starts, length))[0]
-        guesses = drafter.draft_ids(logits)  # [count, b - 1]
-        wanted = starts[0, :, None] + 1 + torch.arange(b - 1, device=ids.device)
-        matches = (wanted < length) & (guesses == ids[0, wanted.clamp(max=length - 1)])
+        matches = block_matches(drafter, target, ids, len(prompt))
         first += int(matches[:-1, 0].sum())
         total += max(len(cont) - 1, 0)
         for g in gammas:
-            produced[g] += chain_rounds(matches.cpu(), g)
+            produced[g] += chain_rounds(matches, g)
     out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
     for g in gammas:
         out[f"tau_gamma{g}"] = sum(produced[g]) / max(len(produced[g]), 1)
