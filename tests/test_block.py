@@ -1,7 +1,8 @@
 """Block drafting (core/block.py): the training forward (many blocks per row, each reading the context before its
-anchor) equals the decode-time forward; greedy `block` equals `ar` (full and reduced vocabulary, EOS and budget
-cuts); sampled `block` is exact over whole outputs, and a planted bug (drafts verified against the wrong q) fails;
-one drafter pass per round; bad arguments fail in one line."""
+anchor) equals the decode-time forward; greedy `block` equals `ar` (full and reduced vocabulary, with and without the
+Markov head, EOS and budget cuts); sampled `block` is exact over whole outputs, and a planted bug (drafts verified
+against the wrong q) fails; one drafter pass per round; the trainer's tau is the engine's; bad arguments fail in
+one line."""
 import pytest
 import torch
 from test_eagle import tiny_target
@@ -46,7 +47,9 @@ def test_training_blocks_equal_one_block_at_decode_time():
     assert not torch.allclose(other[0, 0], together[0, 1], atol=1e-4)
 
 
-@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.arange(3, 40)}], ids=["full", "reduced"])
+@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.arange(3, 40)},
+                                     {"vocab_ids": torch.arange(3, 40), "markov_rank": 4}],
+                         ids=["full", "reduced", "markov"])
 def test_greedy_block_equals_ar(options):
     target = tiny_target(64, 2)
     drafter = random_drafter(target, 1, block_size=5, **options)
@@ -96,7 +99,9 @@ def small_vocab():
 # 3,000 outputs of 5 tokens (1,024 possible) detect TV >= 0.071 (90% power at alpha 1e-3, worst direction;
 # `exactness.min_detectable_tv`, as for the other methods)
 @pytest.mark.stat
-@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.tensor([0, 1, 3])}], ids=["full", "reduced"])
+@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.tensor([0, 1, 3])},
+                                     {"vocab_ids": torch.tensor([0, 1, 3]), "markov_rank": 2}],
+                         ids=["full", "reduced", "markov"])
 def test_sampled_block_is_exact_over_whole_outputs(small_vocab, options):
     target, drafter, prompt, exact = small_vocab
     if options:
@@ -127,6 +132,8 @@ def test_bad_arguments_fail_in_one_line():
     target = tiny_target(64, 1)
     with pytest.raises(ValueError, match="block_size must be an integer >= 2"):
         block.BlockDrafter(target, block_size=1)
+    with pytest.raises(ValueError, match="markov_rank must be"):
+        block.BlockDrafter(target, markov_rank=-1)
     with pytest.raises(ValueError, match="features must be"):
         block.BlockDrafter(target, features=(99,))
     with pytest.raises(ValueError, match="needs draft=... a block drafter"):
@@ -142,7 +149,8 @@ def test_the_trainer_lowers_the_block_loss_and_saves_what_it_measured(tmp_path):
                               "--new-tokens", "24", "--out", str(corpus), "--mix", "docs=1"]) == 0
     assert train_block.main(["--corpus", str(corpus), "--target", "tiny-llama", "--device", "cpu", "--steps", "30",
                              "--batch-size", "4", "--max-len", "40", "--eval-prompts", "2", "--vocab-size", "200",
-                             "--block-size", "4", "--lr", "3e-3", "--out", str(tmp_path / "d")]) == 0
+                             "--block-size", "4", "--lr", "3e-3", "--markov-rank", "4", "--out",
+                             str(tmp_path / "d")]) == 0
     log = json.loads((tmp_path / "d" / "config.json").read_text())["log"]
     losses = [entry["loss"] for entry in log["train_log"]]
     assert losses[-1] < losses[0]  # it learns (a tiny random target: the loss falls fast)
@@ -155,10 +163,11 @@ def test_the_trainer_lowers_the_block_loss_and_saves_what_it_measured(tmp_path):
 
 def test_save_and_load_round_trip(tmp_path):
     target = tiny_target(64, 1)
-    drafter = random_drafter(target, 2, block_size=5, layers=2, vocab_ids=torch.arange(5, 45))
+    drafter = random_drafter(target, 2, block_size=5, layers=2, vocab_ids=torch.arange(5, 45), markov_rank=3)
     drafter.save(tmp_path / "d")
     loaded = block.load_block(tmp_path / "d", target)
     assert loaded.block_size == 5 and len(loaded.layers) == 2 and torch.equal(loaded.vocab_ids, drafter.vocab_ids)
+    assert loaded.markov_rank == 3
     for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
         assert torch.allclose(a.to(torch.bfloat16).float(), b.float()), name
     with pytest.raises(ValueError, match="no block drafter"):

@@ -19,8 +19,10 @@ its own layers.
 
 The drafts of one block are drawn independently, each from its own slot's distribution: slot i does not see which
 token slot i - 1 drew. That is what makes one pass enough, and what costs acceptance (DSpark's sequential head
-restores the dependency). It does not cost exactness: token i is drawn from q_i whatever came before it, so q_i is
-the distribution speculative sampling must be handed for it, and the engine's verifier stays exact.
+restores the dependency; `markov_rank` > 0 adds its simplest form, a low-rank bias on slot i's logits from the token
+at slot i - 1, cheap enough to run slot by slot after the one pass). It does not cost exactness: token i is drawn
+from a distribution q_i fixed before it is drawn (by the block and, with the Markov head, the token before it), so
+q_i is the distribution speculative sampling must be handed for it, and the engine's verifier stays exact.
 
 `BlockDrafter.forward` is the one forward: at decode time a single block over the whole context
 (`BlockProposer`), in training many blocks per sequence at once, each seeing the context before its own anchor
@@ -85,7 +87,7 @@ class BlockDrafter(nn.Module):
     the output norm. Borrowed, frozen, not saved: the target's embedding and its lm_head rows `vocab_ids`."""
 
     def __init__(self, target, block_size: int = 8, layers: int = 1, features=None,
-                 vocab_ids: torch.Tensor | None = None):
+                 vocab_ids: torch.Tensor | None = None, markov_rank: int = 0):
         super().__init__()
         config = target.config
         require("block_size", block_size, is_count(block_size, 2), "an integer >= 2 (the anchor and at least one slot)")
@@ -109,6 +111,18 @@ class BlockDrafter(nn.Module):
         self._target = [target]  # a list: not a submodule (its weights are not the drafter's)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.long().clone(), persistent=False)
+        # DSpark's sequential correction: a low-rank Markov bias on slot i's logits from the token before it
+        require("markov_rank", markov_rank, is_count(markov_rank, 0), "an integer >= 0 (0: no Markov head)")
+        self.markov_rank = markov_rank
+        if markov_rank:
+            draft_vocab = self.vocab_size if vocab_ids is None else len(vocab_ids)
+            index = torch.full((self.vocab_size,), draft_vocab, dtype=torch.long)  # tokens outside: one extra row
+            index[torch.arange(self.vocab_size) if vocab_ids is None else vocab_ids.long().cpu()] = \
+                torch.arange(draft_vocab)
+            self.register_buffer("markov_index", index, persistent=False)
+            self.markov_in = nn.Embedding(draft_vocab + 1, markov_rank)
+            self.markov_out = nn.Linear(markov_rank, draft_vocab, bias=False)
+            nn.init.zeros_(self.markov_out.weight)  # starts as the plain block drafter
         self.to(device=target.device, dtype=next(target.parameters()).dtype)
 
     @property
@@ -166,6 +180,13 @@ class BlockDrafter(nn.Module):
         """Draft-vocabulary logits [.., V'] scattered into the target's vocabulary (-inf elsewhere)."""
         return scatter_to_vocab(draft_logits, self.vocab_ids, self.vocab_size)
 
+    def markov(self, previous: torch.Tensor) -> torch.Tensor:
+        """The Markov head's bias [.., V'] on a slot's draft-vocabulary logits, given the token before that slot
+        (target ids [..]); zero without a Markov head."""
+        if not self.markov_rank:
+            return torch.zeros((), dtype=self.fc.weight.dtype, device=previous.device)
+        return self.markov_out(self.markov_in(self.markov_index[previous]))
+
     def draft_ids(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """The argmax of draft-vocabulary logits, as target token ids."""
         best = draft_logits.argmax(-1)
@@ -174,6 +195,7 @@ class BlockDrafter(nn.Module):
 
     def config_dict(self) -> dict:
         return {"block_size": self.block_size, "layers": len(self.layers), "features": list(self.features),
+                "markov_rank": self.markov_rank,
                 "hidden_size": self.hidden_size, "target_vocab_size": self.vocab_size,
                 "draft_vocab": self.vocab_size if self.vocab_ids is None else len(self.vocab_ids),
                 "trained_steps": getattr(self, "trained_steps", 0), "log": getattr(self, "log", {})}
@@ -191,7 +213,8 @@ def load_block(path, target) -> BlockDrafter:
         raise ValueError(f"no block drafter at {path} (a folder with {FILE} and config.json); train one with "
                          f"python -m specdec_utils.tools.train_block")
     config, state, vocab_ids = read_borrowing(path, FILE, target, "block drafter")
-    drafter = BlockDrafter(target, config["block_size"], config["layers"], config["features"], vocab_ids)
+    drafter = BlockDrafter(target, config["block_size"], config["layers"], config["features"], vocab_ids,
+                           config.get("markov_rank", 0))
     drafter.load_state_dict(state)
     drafter.to(device=target.device, dtype=next(target.parameters()).dtype)
     drafter.trained_steps, drafter.log = config.get("trained_steps", 0), config.get("log", {})
@@ -205,14 +228,15 @@ def block_mask(starts: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def block_drafter_for(target, block_size: int = 8, layers: int = 1, features=None,
-                      vocab_ids: torch.Tensor | None = None, seed: int | None = 0) -> BlockDrafter:
+                      vocab_ids: torch.Tensor | None = None, markov_rank: int = 0,
+                      seed: int | None = 0) -> BlockDrafter:
     """An untrained block drafter for any Llama-family `target`, with a repeatable init (`seed`; None: the global
     generator). It drafts badly but stays lossless: what the exactness tests use on tiny random targets."""
     if seed is None:
-        return BlockDrafter(target, block_size, layers, features, vocab_ids)
+        return BlockDrafter(target, block_size, layers, features, vocab_ids, markov_rank)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return BlockDrafter(target, block_size, layers, features, vocab_ids)
+        return BlockDrafter(target, block_size, layers, features, vocab_ids, markov_rank)
 
 
 class BlockProposer:
@@ -254,11 +278,12 @@ class BlockProposer:
         starts = torch.full_like(anchor, m)
         everything = torch.ones(1, 1, m, dtype=torch.bool, device=tokens.device)
         logits = drafter(self.context[None], anchor, starts, everything)[0, 0]  # [block_size - 1, V']
-        picks = drafter.draft_ids(logits).tolist()
-        rows = drafter.full_logits(logits)
-        drafted, probs, stop = draw_chain((rows[0], picks[0]), lambda token, position: (
-            rows[position + 1], picks[position + 1]), min(gamma, drafter.block_size - 1), policy, sampler,
-            generator, index)
+
+        def slot(i, previous):  # slot i's (full-vocabulary logits, greedy token), after the token `previous`
+            row = logits[i] + drafter.markov(tokens.new_tensor(previous))  # (no bias without a Markov head)
+            return drafter.full_logits(row), int(drafter.draft_ids(row))
+        drafted, probs, stop = draw_chain(slot(0, int(anchor)), lambda token, position: slot(position + 1, token),
+                                          min(gamma, drafter.block_size - 1), policy, sampler, generator, index)
         return Proposal(tokens.new_tensor(drafted), probs, stop, 1, drafter.vocab_size)
 
 

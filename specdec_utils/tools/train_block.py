@@ -59,6 +59,7 @@ def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe
     slots = torch.arange(1, b, device=device)
     predicted = starts[..., None] + slots  # [B, A, b - 1]: the position each slot predicts
     inside = predicted.clamp(max=n - 1)
+    logits = logits + drafter.markov(ids.gather(1, (inside - 1).flatten(1)).view_as(inside))  # teacher-forced
     ok = usable[..., None] & (predicted < n) & real.gather(1, inside.flatten(1)).view_as(inside)
     teacher = target_logits if drafter.vocab_ids is None else target_logits[..., drafter.vocab_ids]
     teacher = teacher.gather(1, (inside - 1).flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
@@ -80,8 +81,9 @@ def block_matches(drafter: BlockDrafter, target, ids: torch.Tensor, n: int) -> t
     feats, _ = target_pass(target, drafter, ids, None)
     starts = torch.arange(n, length, device=ids.device)[None]
     logits = drafter(drafter.fuse(feats), ids.gather(1, starts), starts, block_mask(starts, length))[0]
-    guesses = drafter.draft_ids(logits)  # [count, block_size - 1]
     wanted = starts[0, :, None] + 1 + torch.arange(drafter.block_size - 1, device=ids.device)
+    # the Markov head reads the token before each slot: the true one, which a round drafted too while it matched
+    guesses = drafter.draft_ids(logits + drafter.markov(ids[0, (wanted - 1).clamp(max=length - 1)]))
     return ((wanted < length) & (guesses == ids[0, wanted.clamp(max=length - 1)])).cpu()
 
 
@@ -117,6 +119,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     ap.add_argument("--block-size", type=int, default=8, help="the anchor and block_size - 1 drafted slots")
     ap.add_argument("--layers", type=int, default=1, help="draft layers")
+    ap.add_argument("--markov-rank", type=int, default=0,
+                    help="DSpark's sequential correction: a Markov head of this rank over the draft vocabulary "
+                         "(0: none)")
     ap.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (the tokens the target writes most)")
     ap.add_argument("--anchors", type=int, default=8, help="blocks per training row")
     ap.add_argument("--steps", type=int, default=6000)
@@ -133,8 +138,8 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    for arg, low in (("block_size", 2), ("layers", 1), ("vocab_size", 1), ("anchors", 1), ("steps", 1),
-                     ("batch_size", 1), ("max_len", 3)):
+    for arg, low in (("block_size", 2), ("layers", 1), ("markov_rank", 0), ("vocab_size", 1), ("anchors", 1),
+                     ("steps", 1), ("batch_size", 1), ("max_len", 3)):
         if getattr(args, arg) < low:
             ap.error(f"--{arg.replace('_', '-')} must be >= {low}, got {getattr(args, arg)}")
     if not args.corpus.exists():
@@ -156,7 +161,8 @@ def main(argv=None):
     target, tokenizer, _ = frozen_target(args)
     corpus = load_corpus(args.corpus)
     vocab_ids, coverage = choose_vocab(corpus, args.vocab_size, target.config.vocab_size)
-    drafter = BlockDrafter(target, args.block_size, args.layers, vocab_ids=vocab_ids.to(target.device))
+    drafter = BlockDrafter(target, args.block_size, args.layers, vocab_ids=vocab_ids.to(target.device),
+                           markov_rank=args.markov_rank)
     recipe = {"anchors": args.anchors, "objective": args.objective, "lk_weight": args.lk_weight, "seed": args.seed}
 
     started = time.time()
