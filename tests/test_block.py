@@ -99,13 +99,14 @@ def small_vocab():
 # 3,000 outputs of 5 tokens (1,024 possible) detect TV >= 0.071 (90% power at alpha 1e-3, worst direction;
 # `exactness.min_detectable_tv`, as for the other methods)
 @pytest.mark.stat
-@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.tensor([0, 1, 3])},
+@pytest.mark.parametrize("options", [{"vocab_ids": torch.tensor([0, 1, 3])},
                                      {"vocab_ids": torch.tensor([0, 1, 3]), "markov_rank": 2}],
-                         ids=["full", "reduced", "markov"])
+                         ids=["reduced", "markov"])
 def test_sampled_block_is_exact_over_whole_outputs(small_vocab, options):
-    target, drafter, prompt, exact = small_vocab
-    if options:
-        drafter = random_drafter(target, 7, block_size=4, **options)
+    """q is zero outside the draft vocabulary (tokens 0, 1, 3): the residual must supply token 2; with the Markov head
+    each slot's q also depends on the token drawn before it. (The planted bug below runs the full vocabulary.)"""
+    target, _, prompt, exact = small_vocab
+    drafter = random_drafter(target, 7, block_size=4, **options)
     counts = sample_outputs(lambda g: generate(target, prompt, 5, method="block", draft=drafter, gamma=3,
                                                temperature=1.0, generator=g).new_token_ids, 3000)
     assert chi_square_p_value(counts, exact) > 1e-3
