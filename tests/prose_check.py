@@ -33,6 +33,7 @@ CONSTANTS = {
     # notebook 00
     # notebook 01
     "0.125": "bfloat16's spacing between neighbouring values at a logit of 16 (2^4 x 2^-7, an 8-bit mantissa)",
+    "0.016": "float16's spacing between neighbouring values at a logit of 16 (2^4 x 2^-10 = 0.015625, rounded)",
     # notebook 02
     "40,960": "notebook 02: the target tokens outside the drafts' vocabulary, 49,152 - 8,192",
     "95%": "notebook 02: the level of the bootstrap intervals (report.bootstrap's default)",

@@ -222,6 +222,12 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
+    if method == "block" and isinstance(draft, block.BlockDrafter):  # a block holds block_size - 1 drafts
+        slots = draft.block_size - 1
+        if gamma is not None and gamma > slots:
+            raise ValueError(f"method 'block': gamma must be at most {slots} (this drafter's block_size - 1), "
+                             f"got {gamma}")
+        gamma = slots if gamma is None else gamma
     policy_class = _registered(method).policy
     return policy_class(**params) if gamma is None else policy_class(**params, gamma=gamma)
 

@@ -53,6 +53,7 @@ def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe
     scores = torch.rand(B, n, generator=generator).to(device)
     scores[:, 0], scores[:, n - 1:] = -1.0, -1.0  # an anchor needs context before it and a token after it
     scores[~real] = -1.0
+    scores[:, :-1][~real[:, 1:]] = -1.0  # (a real one after it)
     starts = scores.topk(min(recipe.get("anchors", 8), max(n - 2, 1)), dim=1).indices  # [B, A]
     usable = scores.gather(1, starts) >= 0
     logits = drafter(drafter.fuse(features), ids.gather(1, starts), starts, block_mask(starts, n))
