@@ -25,6 +25,15 @@ def random_drafter(target, seed: int = 0, **options):
     return drafter.eval()
 
 
+def greedy_setup(new_tokens: int):
+    """(target, drafter with block_size 5, prompt, the target's greedy continuation, prompt + continuation)."""
+    target = tiny_target(64, 2)
+    prompt = torch.tensor([[5, 9, 11, 4]])
+    continuation = generate(target, prompt, new_tokens, method="ar").new_token_ids
+    return (target, random_drafter(target, 1, block_size=5), prompt, continuation,
+            torch.cat([prompt[0], torch.tensor(continuation)]))
+
+
 def test_training_blocks_equal_one_block_at_decode_time():
     target = tiny_target(64, 1)
     drafter = random_drafter(target, 3, block_size=4, layers=2)
@@ -96,11 +105,7 @@ def test_the_proposer_reads_the_targets_features_of_every_committed_position(mon
 def test_a_drafter_that_copies_the_target_is_always_accepted(monkeypatch):
     """Proposals the target agrees with are all kept: a drafter whose slots are the target's own greedy tokens
     gives gamma + 1 tokens per round (the plumbing of anchors, positions and rollback, checked end to end)."""
-    target = tiny_target(64, 2)
-    drafter = random_drafter(target, 1, block_size=5)
-    ids = torch.tensor([[5, 9, 11, 4]])
-    ref = generate(target, ids, 24, method="ar").new_token_ids
-    full = torch.cat([ids[0], torch.tensor(ref)])
+    target, drafter, ids, ref, full = greedy_setup(24)
 
     def oracle(self, context, anchors, starts, context_mask):
         m = int(starts[0, 0])
@@ -209,11 +214,7 @@ def test_the_trainers_tau_is_the_engines(monkeypatch):
     where the engine's token budget cuts the drafts)."""
     from specdec_utils.tools import train_block
     from specdec_utils.tools.train_eagle import chain_rounds
-    target = tiny_target(64, 2)
-    drafter = random_drafter(target, 1, block_size=5)
-    prompt = torch.tensor([[5, 9, 11, 4]])
-    cont = generate(target, prompt, 40, method="ar").new_token_ids
-    full = torch.cat([prompt[0], torch.tensor(cont)])
+    target, drafter, prompt, _, full = greedy_setup(40)
 
     def sometimes_right(self, context, anchors, starts, context_mask):
         B, A = anchors.shape

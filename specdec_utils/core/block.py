@@ -38,7 +38,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import is_count, require
-from .eagle import _RMSNorm, _rope_theta, _rotate, default_features, read_borrowing, save_borrowing, scatter_to_vocab
+from .eagle import (
+    _RMSNorm,
+    _rope_theta,
+    _rotate,
+    borrowed_lm_rows,
+    default_features,
+    read_borrowing,
+    save_borrowing,
+    scatter_to_vocab,
+)
 from .engine import Proposal, draw_chain
 from .policies import DraftingPolicy
 
@@ -173,8 +182,7 @@ class BlockDrafter(nn.Module):
 
     @property
     def lm_weight(self) -> torch.Tensor:
-        weight = self.target.get_output_embeddings().weight.detach()
-        return weight if self.vocab_ids is None else weight[self.vocab_ids]
+        return borrowed_lm_rows(self).detach()  # gathered once, not every pass
 
     def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [.., V'] scattered into the target's vocabulary (-inf elsewhere)."""

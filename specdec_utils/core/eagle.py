@@ -167,13 +167,7 @@ class EagleHead(nn.Module):
 
     @property
     def lm_weight(self) -> torch.Tensor:
-        weight = self.target.get_output_embeddings().weight
-        if self.vocab_ids is None:
-            return weight
-        cached = getattr(self, "_lm_rows", None)
-        if cached is None or cached.device != weight.device or cached.dtype != weight.dtype:
-            cached = self._lm_rows = weight[self.vocab_ids].detach()
-        return cached
+        return borrowed_lm_rows(self)
 
     @property
     def draft_vocab(self) -> int:
@@ -283,6 +277,18 @@ class EagleHead(nn.Module):
 
     def save(self, path) -> None:
         save_borrowing(self, path, "head.safetensors")
+
+
+def borrowed_lm_rows(module: nn.Module) -> torch.Tensor:
+    """The rows `module.vocab_ids` of its target's lm_head (the whole weight for the full vocabulary), gathered once
+    and kept until the target's weight moves or changes dtype. EAGLE heads and block drafters both read them."""
+    weight = module.target.get_output_embeddings().weight
+    if module.vocab_ids is None:
+        return weight
+    cached = getattr(module, "_lm_rows", None)
+    if cached is None or cached.device != weight.device or cached.dtype != weight.dtype:
+        cached = module._lm_rows = weight[module.vocab_ids].detach()
+    return cached
 
 
 def scatter_to_vocab(draft_logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
