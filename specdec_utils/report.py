@@ -221,6 +221,12 @@ def bootstrap(items: list, statistic, *, resamples: int = 2000, level: float = 0
                     f"{level:.0%} bootstrap interval over {len(items)} items")
 
 
+def ratio_interval(pairs: list, **kw) -> Estimate:
+    """sum(a) / sum(b) over items (a, b), e.g. tokens and drafting rounds per prompt (tau), with its percentile
+    bootstrap interval over the items (`bootstrap`)."""
+    return bootstrap(pairs, lambda r: sum(a for a, _ in r) / max(sum(b for _, b in r), 1), **kw)
+
+
 def _running_total(per_item: np.ndarray, picks: np.ndarray) -> np.ndarray:
     """Each resample's total, added left to right as Python's `sum` over the resampled records adds."""
     return np.cumsum(per_item[picks], axis=1)[:, -1]

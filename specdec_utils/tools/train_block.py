@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from .. import report
 from ..core.block import BlockDrafter, block_mask
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
@@ -104,10 +105,12 @@ def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continu
         first += int(matches[:-1, 0].sum())
         total += max(len(cont) - 1, 0)
         for g in gammas:
-            produced[g] += chain_rounds(matches, g)
+            rounds = chain_rounds(matches, g)
+            produced[g].append((sum(rounds), len(rounds)))
     out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
     for g in gammas:
-        out[f"tau_gamma{g}"] = sum(produced[g]) / max(len(produced[g]), 1)
+        tau = report.ratio_interval(produced[g])
+        out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]
     return out
 
 

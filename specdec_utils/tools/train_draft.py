@@ -360,7 +360,7 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
         rounds.append((sum(blocks), len(blocks)))
         p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
         alphas += torch.minimum(p, q).sum(-1).tolist()
-    tau = report.bootstrap(rounds, lambda r: sum(t for t, _ in r) / sum(n for _, n in r))
+    tau = report.ratio_interval(rounds)
     return {"agreement": sum(matches_all) / len(matches_all), "tau": sum(taus) / len(taus),
             "tau_interval": [tau.low, tau.high], "alpha_tv": sum(alphas) / len(alphas), "gamma": gamma,
             "positions": len(matches_all), "prompts": len(rows), "new_tokens": new_tokens,

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import report
 from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
 from ..prompts import build_prompts, format_prompt
@@ -229,10 +230,12 @@ def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations
         first += int(matches[:-1, 0].sum())
         total += max(count - 1, 0)
         for g in gammas:
-            produced[g] += chain_rounds(matches, g)
+            rounds = chain_rounds(matches, g)
+            produced[g].append((sum(rounds), len(rounds)))
     out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
     for g in gammas:
-        out[f"tau_gamma{g}"] = sum(produced[g]) / len(produced[g])
+        tau = report.ratio_interval(produced[g])
+        out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]
     return out
 
 
