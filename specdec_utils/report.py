@@ -227,6 +227,17 @@ def ratio_interval(pairs: list, **kw) -> Estimate:
     return bootstrap(pairs, lambda r: sum(a for a, _ in r) / max(sum(b for _, b in r), 1), **kw)
 
 
+def paired_difference(a: list, b: list, **kw) -> Estimate:
+    """ratio(a) - ratio(b) for two measurements of the same items (pairs (tokens, rounds) per prompt, in the same
+    order), bootstrapped over the items jointly: the interval of the difference, not of each side, so a shared
+    hard prompt counts once (two runs on the same prompts are a paired design)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_difference: {len(a)} against {len(b)} items; both sides need the same items")
+    def ratio(r):
+        return sum(x for x, _ in r) / max(sum(y for _, y in r), 1)
+    return bootstrap(list(zip(a, b)), lambda r: ratio([x for x, _ in r]) - ratio([y for _, y in r]), **kw)
+
+
 def _running_total(per_item: np.ndarray, picks: np.ndarray) -> np.ndarray:
     """Each resample's total, added left to right as Python's `sum` over the resampled records adds."""
     return np.cumsum(per_item[picks], axis=1)[:, -1]

@@ -215,3 +215,23 @@ def test_the_stamp_ignores_what_a_run_of_the_course_writes(tmp_path, monkeypatch
     assert not report_module.git_commit().endswith("local changes")
     (tmp_path / "specdec_utils/x.py").write_text("2")
     assert report_module.git_commit().endswith(" + local changes")
+
+
+def test_paired_difference_sees_a_small_shared_gain_that_separate_intervals_call_a_tie():
+    """Two drafters on the same prompts: prompts differ a lot in difficulty, the second drafter is slightly better
+    on every prompt. Each side's interval overlaps the other's, the paired difference excludes 0; the same runs
+    unpaired (shuffled) do not; unequal lengths fail in one line."""
+    import random
+    rng = random.Random(0)
+    hard = [rng.uniform(1.3, 3.5) for _ in range(150)]
+    a = [(round(50 * h), 50) for h in hard]
+    b = [(round(50 * h) + 4, 50) for h in hard]
+    ia, ib = report.ratio_interval(a), report.ratio_interval(b)
+    assert ia.high > ib.low  # separately: overlapping intervals
+    d = report.paired_difference(b, a)
+    assert abs(d.value - (ib.value - ia.value)) < 1e-12 and d.low > 0
+    shuffled = b[:]
+    rng.shuffle(shuffled)
+    assert report.paired_difference(shuffled, a).low < 0 < report.paired_difference(shuffled, a).high
+    with pytest.raises(ValueError, match="same items"):
+        report.paired_difference(a, b[:-1])

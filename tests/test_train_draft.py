@@ -163,3 +163,31 @@ def test_the_acceptance_objective_raises_the_acceptance_rate():
     assert log[-1]["acceptance"] > log[0]["acceptance"] + 0.05
     assert log[-1]["loss"] >= -math.log(log[-1]["acceptance"]) - 1e-6  # the mean of -log alpha, by Jensen
     assert all(e["kl"] > 0 for e in log)
+
+
+def test_frozen_target_picks_its_dtype_for_the_device_load_model_picks(monkeypatch):
+    """Without --device the target lands where load_model puts it (cuda first): bfloat16 there, as under torchrun.
+    (A one-GPU run once trained against a float32 target beside a two-GPU run in bfloat16: its scaling was void.)"""
+    import argparse
+
+    import torch
+
+    from specdec_utils.tools import train_draft
+
+    seen = {}
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def fake_load(name, device=None, dtype=None):
+        seen.update(device=device, dtype=dtype)
+        return Tiny(), None
+
+    monkeypatch.setattr(train_draft, "load_model", fake_load)
+    monkeypatch.setattr(train_draft, "get_device", lambda: torch.device("cuda"))
+    args = argparse.Namespace(device=None, dtype="auto", target="smollm2-135m")
+    assert train_draft.frozen_target(args)[2] == torch.bfloat16 and seen["device"].type == "cuda"
+    monkeypatch.setattr(train_draft, "get_device", lambda: torch.device("cpu"))
+    assert train_draft.frozen_target(args)[2] == torch.float32

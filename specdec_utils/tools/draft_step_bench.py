@@ -49,7 +49,7 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
     head = load_eagle(head_name, target)
     ids = torch.randint(3, 1000, (1, context), device=device, generator=None)
     out = {}
-    for name, model in (("target", target), ("draft-m", draft)):
+    for name, model in (("target", target), (draft_name, draft)):
         runner = ModelRunner(model)
         runner.forward(ids)
 

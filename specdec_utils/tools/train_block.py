@@ -37,7 +37,7 @@ from ..core.block import BlockDrafter, block_mask
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
 from . import distributed, objectives
-from .train_draft import frozen_target, greedy_continuations
+from .train_draft import device_name, frozen_target, greedy_continuations, in_float32
 from .train_eagle import chain_rounds, choose_vocab, target_pass, train
 
 SLOT_WEIGHT = 0.8
@@ -111,6 +111,7 @@ def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continu
     for g in gammas:
         tau = report.ratio_interval(produced[g])
         out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]
+        out[f"tau_gamma{g}_per_prompt"] = produced[g]  # (tokens, rounds) per prompt: paired comparisons
     return out
 
 
@@ -178,12 +179,16 @@ def main(argv=None):
         if args.eval_prompts:
             rows = random.Random(args.seed).sample(rows, min(args.eval_prompts, len(rows)))
         drafter.eval()
-        metrics = evaluate(drafter, target, tokenizer, rows, greedy_continuations(target, tokenizer, rows, 64))
+        with in_float32(target):  # tau in float32, as the course measures it everywhere
+            continuations = greedy_continuations(target, tokenizer, rows, 64)
+        with in_float32(target, drafter):  # as saved (bfloat16) and loaded (float32)
+            metrics = evaluate(drafter, target, tokenizer, rows, continuations)
         print(json.dumps(metrics), flush=True)
         drafter.log = {"command": command, "objective": args.objective, "gpus": distributed.world_size(),
                        "batch_size_per_gpu": args.batch_size, "corpus_tokens": corpus.num_tokens,
                        "vocab_coverage": coverage, "seconds": round(seconds, 1), "eval": metrics, "train_log": log,
-                       "device": torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"}
+                       "device": device_name(target.device),
+                       "dtype": str(next(target.parameters()).dtype).removeprefix("torch.")}
         if args.out is not None:
             drafter.save(args.out)
     distributed.finish()

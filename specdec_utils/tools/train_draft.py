@@ -28,6 +28,7 @@ import random
 import sys
 import sysconfig
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ from .. import report
 from ..core.ngram import NgramDraft
 from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
 from ..prompts import build_prompts, format_prompt
-from ..utils import progress, seed_everything
+from ..utils import get_device, progress, seed_everything
 from . import distributed, objectives
 
 DRAFT_SHAPES = {
@@ -362,7 +363,8 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
         alphas += torch.minimum(p, q).sum(-1).tolist()
     tau = report.ratio_interval(rounds)
     return {"agreement": sum(matches_all) / len(matches_all), "tau": sum(taus) / len(taus),
-            "tau_interval": [tau.low, tau.high], "alpha_tv": sum(alphas) / len(alphas), "gamma": gamma,
+            "tau_interval": [tau.low, tau.high], "tau_per_prompt": rounds, "alpha_tv": sum(alphas) / len(alphas),
+            "gamma": gamma,
             "positions": len(matches_all), "prompts": len(rows), "new_tokens": new_tokens,
             "dtype": str(next(draft.parameters()).dtype).removeprefix("torch.")}
 
@@ -466,12 +468,32 @@ def build_ngram(target, tokenizer, corpus: list[dict], args, command: str) -> No
                          "eval": metrics, "seconds": time.time() - started})
 
 
+def device_name(device: torch.device) -> str:
+    """What a training record names: the GPU's model, else the device type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+@contextmanager
+def in_float32(*modules, saved=torch.bfloat16):
+    """Measure in float32, as the course measures tau everywhere and as the lessons load the shipped weights: the
+    trained `modules` (all but the first, the target) are rounded to their saved dtype first, then upcast; every
+    module gets its own dtype back afterwards."""
+    dtypes = [next(m.parameters()).dtype for m in modules]
+    for i, m in enumerate(modules):
+        (m if i == 0 else m.to(dtype=saved)).float()
+    try:
+        yield
+    finally:
+        for m, d in zip(modules, dtypes):
+            m.to(dtype=d)
+
+
 def frozen_target(args):
     """(target, tokenizer, dtype): `args.target` on `args.device`, bf16 on CUDA and fp32 on the CPU
     unless `args.dtype` says otherwise, with every parameter frozen (the drafts and heads train, it
     does not). Shared by this trainer and `train_medusa`."""
-    device = torch.device(args.device) if args.device else None
-    dtype = torch.bfloat16 if (device or torch.device("cpu")).type == "cuda" else torch.float32
+    device = torch.device(args.device) if args.device else get_device()  # the device load_model would pick
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.dtype != "auto":
         dtype = getattr(torch, args.dtype)
     target, tokenizer = load_model(args.target, device=device, dtype=dtype)
@@ -525,9 +547,8 @@ def main(argv=None):
     eval_rows = build_prompts("eval")
     if args.eval_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
-    target.float()  # held-out continuations and tau in float32, as the course measures tau everywhere
-    continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
-    target.to(dtype)
+    with in_float32(target):  # held-out continuations in float32
+        continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
     pick = random.Random(args.seed + 1).sample(range(len(eval_rows)), min(64, len(eval_rows)))
     heldout = heldout_batch(target, tokenizer, [eval_rows[i] for i in pick], [continuations[i] for i in pick])
     for name in args.names:
@@ -549,9 +570,8 @@ def main(argv=None):
                     weight=args.lk_weight, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
         if not distributed.is_main():
             continue  # the first copy measures and saves
-        draft = draft.to(dtype=torch.bfloat16)  # saved in bfloat16, measured as the lessons load it: in float32
-        metrics = evaluate(draft.float(), target.float(), tokenizer, eval_rows, continuations=continuations)
-        target.to(dtype)
+        with in_float32(target, draft):  # saved in bfloat16, measured as the lessons load it: in float32
+            metrics = evaluate(draft, target, tokenizer, eval_rows, continuations=continuations)
         draft = draft.to(dtype=torch.bfloat16)
         print(name, json.dumps(metrics), flush=True)
         out = args.out / name
@@ -561,7 +581,7 @@ def main(argv=None):
                   "shape": DRAFT_SHAPES[name], "vocab_size": len(vocab), "vocab_coverage": coverage,
                   "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,
                   "parameters": sum(p.numel() for p in draft.parameters()),
-                  "device": torch.cuda.get_device_name() if dtype == torch.bfloat16 else "cpu",
+                  "device": device_name(target.device), "dtype": str(dtype).removeprefix("torch."),
                   "eval": metrics, "log": log, **({"continued_from": before} if before is not None else {})}
         (out / "training_log.json").write_text(json.dumps(record, indent=1))
     distributed.finish()

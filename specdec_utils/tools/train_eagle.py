@@ -47,7 +47,7 @@ from ..core.hidden import capture_hidden, final_norm
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
 from . import distributed, objectives
-from .train_draft import frozen_target, greedy_continuations, lr_schedule
+from .train_draft import device_name, frozen_target, greedy_continuations, in_float32, lr_schedule
 
 FUSED = "fused"
 VARIANTS = {
@@ -236,6 +236,7 @@ def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations
     for g in gammas:
         tau = report.ratio_interval(produced[g])
         out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]
+        out[f"tau_gamma{g}_per_prompt"] = produced[g]  # (tokens, rounds) per prompt: paired comparisons
     return out
 
 
@@ -312,10 +313,13 @@ def main(argv=None):
     eval_rows = build_prompts("eval")
     if args.eval_prompts:
         eval_rows = random.Random(args.seed).sample(eval_rows, min(args.eval_prompts, len(eval_rows)))
-    continuations = greedy_continuations(target, tokenizer, eval_rows, 64) if main_copy else None
+    continuations = None
+    if main_copy:
+        with in_float32(target):  # tau in float32, as the course measures it everywhere
+            continuations = greedy_continuations(target, tokenizer, eval_rows, 64)
     vocab_ids, coverage = choose_vocab(corpus, VARIANTS["eagle3"]["vocab"], target.config.vocab_size)
     print(f"draft vocabulary: {len(vocab_ids)} tokens cover {coverage:.2%} of continuation tokens", flush=True)
-    device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
+    device = device_name(target.device)
     results = []
     runs = [(variant, objective) for variant in args.variants for objective in args.objectives]
     for variant, objective in runs:
@@ -341,7 +345,8 @@ def main(argv=None):
         round_steps = head.trained_steps
         if before is not None:
             head.trained_steps += before["trained_steps"]  # all rounds; "steps" below is this round's
-        metrics = evaluate(head, target, tokenizer, eval_rows, continuations)
+        with in_float32(target, head):  # as saved (bfloat16) and loaded (float32)
+            metrics = evaluate(head, target, tokenizer, eval_rows, continuations)
         print(name, json.dumps(metrics), flush=True)
         record = {"variant": name, "recipe": recipe, "steps": round_steps, "seconds": round(seconds, 1),
                   "gpus": distributed.world_size(),
