@@ -77,6 +77,44 @@ def test_greedy_block_equals_ar(options):
         assert out.new_token_ids == expected[:budget]
 
 
+def test_greedy_block_confidence_equals_ar_and_verifies_what_the_drafter_trusts():
+    """The confidence-chosen length: greedy output equals `ar` at every threshold; threshold 0 drafts what `block`
+    drafts, threshold 1 one token a round; in between, a round stops exactly where the drafter's probability of the
+    prefix times the next slot's top probability falls below the threshold."""
+    target = tiny_target(64, 2)
+    drafter = random_drafter(target, 1, block_size=6, vocab_ids=torch.arange(3, 40), markov_rank=4)
+    ids = torch.tensor([[5, 9, 11, 4]])
+    ref = generate(target, ids, 30, method="ar").new_token_ids
+    fixed = generate(target, ids, 30, method="block", draft=drafter)
+    drafted = {}
+    for threshold in (0.0, 0.05, 0.3, 1.0):
+        out = generate(target, ids, 30, method="block-confidence", draft=drafter, params={"threshold": threshold})
+        assert out.new_token_ids == ref
+        drafted[threshold] = [r.drafted for r in out.rounds if r.drafted]
+    assert drafted[0.0] == [r.drafted for r in fixed.rounds if r.drafted]
+    assert set(drafted[1.0]) == {1}
+    assert max(drafted[0.05]) > min(drafted[0.05])  # the length varies from round to round
+
+
+def test_block_confidence_stops_where_the_reach_falls_below_the_threshold():
+    from specdec_utils.core.engine import DraftStep
+    policy = block.BlockConfidence(gamma=5, threshold=0.25)
+    policy.round_gamma()
+    first = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    step = DraftStep(0, 0, first, 0, None)
+    assert not policy.stop_before(step) and not policy.stop_after(step)  # the first slot always joins
+    assert abs(policy.reach - 0.6) < 1e-6
+    assert not policy.stop_before(DraftStep(1, 1, torch.log(torch.tensor([0.5, 0.4, 0.1])), 0, None))  # 0.30
+    assert policy.stop_before(DraftStep(1, 1, torch.log(torch.tensor([0.4, 0.35, 0.25])), 0, None))  # 0.24
+    policy.round_gamma()
+    assert policy.reach == 1.0
+    assert block.threshold_from_costs(0.0, 30.0, 2.0) == 0.0  # free verification: verify the whole block
+    assert abs(block.threshold_from_costs(3.0, 40.0, 2.0) - 0.15) < 1e-12
+    assert block.threshold_from_costs(30.0, 40.0, 2.0) == 1.0
+    with pytest.raises(ValueError, match="round_cost must be a time > 0"):
+        block.threshold_from_costs(1.0, 0.0, 2.0)
+
+
 def test_the_proposer_reads_the_targets_features_of_every_committed_position(monkeypatch):
     """Each round's context is the target's fused features of exactly the positions before the anchor, as one pass
     over the whole output computes them (a stale, shifted or missing row would keep the output exact and only
@@ -140,6 +178,19 @@ def test_sampled_block_is_exact_over_whole_outputs(small_vocab, options):
     drafter = random_drafter(target, 7, block_size=4, **options)
     counts = sample_outputs(lambda g: generate(target, prompt, 5, method="block", draft=drafter, gamma=3,
                                                temperature=1.0, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.stat
+def test_sampled_block_confidence_is_exact_over_whole_outputs(small_vocab):
+    """The confidence rule decides before each slot from its distribution, after it from the drawn token: the
+    output stays the target's distribution (rounds stop at different lengths, the fixed-length test cannot see
+    that path)."""
+    target, _, prompt, exact = small_vocab
+    drafter = random_drafter(target, 7, block_size=4, vocab_ids=torch.tensor([0, 1, 3]), markov_rank=2)
+    counts = sample_outputs(lambda g: generate(target, prompt, 5, method="block-confidence", draft=drafter, gamma=3,
+                                               params={"threshold": 0.2}, temperature=1.0, generator=g).new_token_ids,
+                            3000)
     assert chi_square_p_value(counts, exact) > 1e-3
 
 

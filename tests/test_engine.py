@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # the EAGLE methods and the block drafter read a Llama's layer features through a model built for it
 # (tests/test_eagle.py and tests/test_block.py have their greedy, end-of-sequence and sampled checks); every other
 # method runs here on both tiny families
-EAGLE = ("eagle-chain", "eagle", "block")
+EAGLE = ("eagle-chain", "eagle", "block", "block-confidence")
 SPECULATIVE = [m for m in METHODS if m != "ar" and m not in EAGLE]
 
 

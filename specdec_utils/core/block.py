@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import is_count, require
+from .checks import is_count, is_number, require
 from .eagle import (
     _RMSNorm,
     _rope_theta,
@@ -301,3 +301,44 @@ class BlockPolicy(DraftingPolicy):
 
     def __init__(self, gamma: int = 7):
         super().__init__(gamma)
+
+
+class BlockConfidence(BlockPolicy):
+    """`block-confidence`: verify as much of the block as the drafter trusts (DSpark's confidence-chosen verification
+    length, in its simplest form: the drafter's own probabilities instead of a trained confidence head). `reach` is
+    the drafter's probability of the prefix drafted so far; slot i joins the round while reach x (slot i's largest
+    probability) stays at least `threshold`: the chance, by the drafter's own account, that the target accepts
+    everything up to it. The first slot always joins. A threshold worth paying for follows from the measured costs
+    (`threshold_from_costs`); 0 verifies all `gamma` slots, as `block` does. The rule reads slot i's distribution
+    before its token is drawn and the drawn tokens only after, so sampled output stays exactly the target's."""
+    name = "block-confidence"
+    reason = "confidence"
+
+    def __init__(self, gamma: int = 7, threshold: float = 0.3):
+        require("threshold", threshold, is_number(threshold, 0, 1), "a probability in [0, 1]")
+        super().__init__(gamma)
+        self.threshold, self.reach = threshold, 1.0
+
+    def round_gamma(self) -> int:
+        self.reach = 1.0
+        return self.gamma
+
+    def stop_before(self, step) -> bool:
+        return step.position > 0 and self.reach * float(step.confidence_probs.max()) < self.threshold
+
+    def stop_after(self, step) -> bool:
+        self.reach *= step.token_prob
+        return False
+
+
+def threshold_from_costs(extra_token_cost: float, round_cost: float, tau: float) -> float:
+    """The `BlockConfidence` threshold at which one more verified slot pays for itself: it adds one token with
+    probability P (the drafter's reach) and costs `extra_token_cost` (the target's pass over one more token, in the
+    same unit as `round_cost`); a token is worth round_cost / tau, the time a round spends per token it commits.
+    Verify the slot when P x round_cost / tau >= extra_token_cost: threshold = extra_token_cost x tau / round_cost,
+    capped at 1. On a GPU a few more tokens in a pass cost almost nothing, so the threshold is near 0 (verify the
+    whole block); on a CPU each one costs a share of a pass."""
+    for name, value in (("extra_token_cost", extra_token_cost), ("round_cost", round_cost), ("tau", tau)):
+        require(name, value, is_number(value, 0), "a number >= 0")
+    require("round_cost", round_cost, round_cost > 0, "a time > 0")
+    return min(1.0, extra_token_cost * tau / round_cost)

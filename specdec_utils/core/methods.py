@@ -19,6 +19,7 @@ propose (the chain's length, a tree's depth); None takes the method's default.
 | `eagle-chain` | an EAGLE head on the target's features: a chain | fixed gamma (notebook 07) | 5 |
 | `eagle` | an EAGLE head grows EAGLE-2's dynamic tree | width, size (notebook 07) | 6 |
 | `block` | a block drafter (DFlash): a block of drafts from one pass | the first gamma of the block | 7 |
+| `block-confidence` | the same block drafter | as much of the block as its confidence pays for | 7 |
 
 `register(Method(...))` adds a method of your own. `greedy` and `sampling`, the names `draft` had before, still
 work (`ALIASES`; a result keeps the name it was asked by, as the benchmarks record it).
@@ -172,6 +173,7 @@ for _method in (
     Method("eagle-chain", _eagle_chain, eagle_heads.EagleChainPolicy, frozenset({"eagle"})),
     Method("eagle", _eagle_tree, eagle_heads.EaglePolicy, frozenset({"eagle"})),
     Method("block", _block, block.BlockPolicy, DRAFT),
+    Method("block-confidence", _block, block.BlockConfidence, DRAFT),
 ):
     register(_method)
 
@@ -222,10 +224,11 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
-    if method == "block" and isinstance(draft, block.BlockDrafter):  # a block holds block_size - 1 drafts
+    if issubclass(_registered(method).policy, block.BlockPolicy) and isinstance(draft, block.BlockDrafter):
+        # a block holds block_size - 1 drafts
         slots = draft.block_size - 1
         if gamma is not None and gamma > slots:
-            raise ValueError(f"method 'block': gamma must be at most {slots} (this drafter's block_size - 1), "
+            raise ValueError(f"method {method!r}: gamma must be at most {slots} (this drafter's block_size - 1), "
                              f"got {gamma}")
         gamma = slots if gamma is None else gamma
     policy_class = _registered(method).policy
