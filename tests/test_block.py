@@ -281,3 +281,78 @@ def test_the_trainers_tau_is_the_engines(monkeypatch):
     decoded = [r.accepted + 1 for r in generate(target, prompt, 40, method="block", draft=drafter, gamma=4).rounds[1:]]
     assert len(counted) > 8 and counted[:-2] == decoded[:len(counted) - 2]
     assert len(set(counted)) > 1  # the rounds differ: a real check, not all-rejected
+
+
+# ------------------------------------------------------------------------------------------- on the device loop
+@pytest.mark.parametrize("options", [{}, {"vocab_ids": torch.arange(3, 40), "markov_rank": 4}],
+                         ids=["full", "markov"])
+def test_the_device_loop_gives_the_target_alones_tokens(options):
+    """The recorded round (op by op on the CPU), directly and through `generate(..., executor=DeviceExecutor())`:
+    the target alone's tokens for several prompt lengths and gammas, one drafter pass a round."""
+    from specdec_utils.core.device_loop import DeviceExecutor, DeviceLoop
+    target = tiny_target(64, 2)
+    drafter = random_drafter(target, 1, block_size=5, **options)
+    executor = DeviceExecutor()
+    for length in (2, 4, 9):
+        ids = torch.tensor([[5, 9, 11, 4, 7, 1, 30, 2, 8][:length]])
+        ref = generate(target, ids, 30, method="ar").new_token_ids
+        for gamma in (1, 4):
+            assert DeviceLoop(target, drafter=drafter, gamma=gamma).generate(ids, 30).new_token_ids == ref
+            through = generate(target, ids, 30, method="block", draft=drafter, gamma=gamma, executor=executor)
+            assert through.new_token_ids == ref and through.draft_calls == len(through.rounds)
+
+
+def test_the_device_loop_reads_every_committed_positions_features_and_keeps_right_drafts(monkeypatch):
+    """Each pass reads the target's fused features of exactly the positions before its anchor (as one fresh pass
+    computes them; rows after it are masked out), and drafts the target agrees with are all kept: a drafter whose
+    slots are the target's own greedy tokens gives gamma + 1 tokens a round."""
+    from specdec_utils.core.device_loop import DeviceLoop
+    target, drafter, ids, ref, full = greedy_setup(24)
+    real, seen = block.BlockDrafter.forward, []
+
+    def recording(self, context, anchors, starts, context_mask):
+        m = int(starts[0, 0])
+        seen.append((context[0, :m].clone(), int(context_mask[0, 0].sum()), m, int(anchors[0, 0])))
+        return real(self, context, anchors, starts, context_mask)
+    monkeypatch.setattr(block.BlockDrafter, "forward", recording)
+    out = DeviceLoop(target, drafter=drafter, gamma=3).generate(ids, 24)
+    assert out.new_token_ids == ref and len(seen) == len(out.rounds)
+    with torch.no_grad(), capture_hidden(target, drafter.target_hidden) as captured:
+        target(input_ids=full[None])
+        fused = drafter.fuse(captured[0])[0]
+    for context, visible, m, anchor in seen:
+        assert visible == m and anchor == int(full[m])
+        assert torch.allclose(context, fused[:m], atol=1e-4)
+
+    def oracle(self, context, anchors, starts, context_mask):
+        m = int(starts[0, 0])
+        future = full[m + 1:m + self.block_size]
+        logits = torch.full((1, 1, self.block_size - 1, 64), -10.0)
+        logits[0, 0, torch.arange(len(future)), future] = 10.0
+        return logits
+    monkeypatch.setattr(block.BlockDrafter, "forward", oracle)
+    out = DeviceLoop(target, drafter=drafter, gamma=4).generate(ids, 24)
+    assert out.new_token_ids == ref
+    assert [r.accepted for r in out.rounds[:-1]] == [4] * (len(out.rounds) - 1)
+
+
+@pytest.mark.stat
+def test_sampled_device_blocks_are_exact_over_whole_outputs(small_vocab):
+    from specdec_utils.core.device_loop import DeviceLoop
+    target, _, prompt, exact = small_vocab
+    drafter = random_drafter(target, 7, block_size=4, vocab_ids=torch.tensor([0, 1, 3]), markov_rank=2)
+    loop = DeviceLoop(target, drafter=drafter, gamma=3, temperature=1.0)
+    counts = sample_outputs(lambda g: loop.generate(prompt, 5, generator=g).new_token_ids, 3000)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_the_device_loop_refuses_a_block_it_cannot_hold():
+    from specdec_utils.core.device_loop import DeviceExecutor, DeviceLoop
+    target = tiny_target(64, 1)
+    drafter = block.block_drafter_for(target, block_size=4)
+    with pytest.raises(ValueError, match="gamma must be at most 3"):
+        DeviceLoop(target, drafter=drafter, gamma=4)
+    with pytest.raises(ValueError, match="not several"):
+        DeviceLoop(target, head=drafter, drafter=drafter, gamma=2)
+    with pytest.raises(ValueError, match="needs draft=... a block drafter"):
+        generate(target, torch.tensor([[1, 2]]), 4, method="block", draft=target, executor=DeviceExecutor())

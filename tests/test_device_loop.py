@@ -77,11 +77,11 @@ def test_the_loop_refuses_what_it_cannot_run():
     target = tiny_model("tiny-llama", vocab_size=64)
     with pytest.raises(ValueError, match="gamma must be an integer"):
         DeviceLoop(target, gamma=-1)
-    with pytest.raises(ValueError, match="needs a draft model or an EAGLE head"):
+    with pytest.raises(ValueError, match="needs a draft model, an EAGLE head or a block drafter"):
         DeviceLoop(target, gamma=3)
     with pytest.raises(ValueError, match="drafts nothing"):
         DeviceLoop(target, draft=target, gamma=0)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not several"):
         DeviceLoop(target, draft=target, head=eagle.eagle_head_for(target), gamma=2)
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         DeviceLoop(target, graphs=True, gamma=0)

@@ -100,7 +100,9 @@ class DeviceLoop:
     """Speculative decoding with the round on the device, greedy or sampled (see the module docstring).
 
     `DeviceLoop(target)` (gamma 0) is the target alone; `DeviceLoop(target, draft=draft, gamma=4)` a draft
-    model's chain; `DeviceLoop(target, head=head, gamma=5)` an EAGLE head's chain (`eagle.EagleHead`). The
+    model's chain; `DeviceLoop(target, head=head, gamma=5)` an EAGLE head's chain (`eagle.EagleHead`);
+    `DeviceLoop(target, drafter=drafter, gamma=7)` a block drafter's block (`block.BlockDrafter`: one pass drafts
+    the block, its Markov head, if any, then walks the slots; the fused target features sit in a buffer). The
     target and a draft are plain Llamas (`plain_llama.PlainLlama`). `graphs` (default: on a CUDA GPU) records
     the round as one CUDA graph. `compile=True` (or "steps") first compiles the target's pass, the draft's step and
     the head's step with `torch.compile`, each on its own, the glue between them (argmax, masks, acceptance, commit)
@@ -111,7 +113,7 @@ class DeviceLoop:
 
     def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
                  compile: bool | str = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 attention: str = "sdpa"):
+                 attention: str = "sdpa", drafter=None):
         require("temperature", temperature, is_number(temperature) and math.isfinite(temperature)
                 and (temperature == 0 or temperature >= 1e-6), "a finite number >= 0 (0 means greedy; a positive "
                 "one must be >= 1e-6)")
@@ -129,12 +131,17 @@ class DeviceLoop:
                              f"round compiled as one graph), got {compile!r}")
         if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0 (0: the target alone), got {gamma!r}")
-        if draft is not None and head is not None:
-            raise ValueError("give a draft model or an EAGLE head, not both")
-        if gamma > 0 and draft is None and head is None:
-            raise ValueError(f"gamma={gamma} needs a draft model or an EAGLE head (gamma=0 is the target alone)")
-        if gamma == 0 and (draft is not None or head is not None):
+        given = sum(m is not None for m in (draft, head, drafter))
+        if given > 1:
+            raise ValueError("give one of a draft model, an EAGLE head or a block drafter, not several")
+        if gamma > 0 and not given:
+            raise ValueError(f"gamma={gamma} needs a draft model, an EAGLE head or a block drafter (gamma=0 is the "
+                             f"target alone)")
+        if gamma == 0 and given:
             raise ValueError("gamma=0 drafts nothing: leave out the draft, or give gamma >= 1")
+        if drafter is not None and gamma > drafter.block_size - 1:
+            raise ValueError(f"gamma must be at most {drafter.block_size - 1} (this drafter's block_size - 1), "
+                             f"got {gamma}")
         check_plain_llama(target.config)
         if draft is not None:
             check_plain_llama(draft.config)
@@ -142,18 +149,20 @@ class DeviceLoop:
         self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
         if self.graphs and self.device.type != "cuda":
             raise ValueError(f"graphs=True needs a CUDA GPU; the target is on {self.device}")
-        self.gamma, self.head, self.compiled = gamma, head, bool(compile)
+        self.gamma, self.head, self.drafter, self.compiled = gamma, head, drafter, bool(compile)
+        self.borrower = head if head is not None else drafter  # the module whose draft vocabulary the drafts use
         # the warping of every distribution (the draft's and the target's alike, as in the engine); greedy at 0
         self.sampler = Sampler(temperature, top_k, top_p)
         self.sampled = not self.sampler.greedy
         self.compile_mode = ("steps" if compile is True else compile) or None
         self.scratch = getattr(self, "scratch", 0)  # head cache slots past the positions (a tree's entries)
         self.method = "ar" if gamma == 0 else ("sampling" if self.sampled else "greedy") if draft is not None \
-            else "eagle-chain"
+            else "eagle-chain" if head is not None else "block"
         self.target = PlainLlama(target, 1, CHUNK)
         self.draft = PlainLlama(draft, 1, CHUNK) if draft is not None else None
-        self.taps = tuple(head.target_hidden) if head is not None else ()
-        self.steps = {"verify": self._verify, "draft": self._draft_step, "head": self._head_step}
+        self.taps = tuple(self.borrower.target_hidden) if self.borrower is not None else ()
+        self.steps = {"verify": self._verify, "draft": self._draft_step, "head": self._head_step,
+                      "block": self._block_step}
         if self.compiled:  # (dynamo's recompile limit is raised while a loop runs: `recompile_room`)
             self.steps = {k: torch.compile(f, dynamic=False) for k, f in self.steps.items()}
         # what a generation runs and a graph records (the compiled steps inlined into it with "round")
@@ -200,6 +209,8 @@ class DeviceLoop:
                 self.head_v = torch.zeros_like(self.head_k)
                 self.h0 = weight.new_zeros(1, head.hidden_size)
                 self.logits0 = weight.new_zeros(1, head.draft_vocab)
+            if self.drafter is not None:  # the fused target features of every committed position, by position
+                self.context = self.drafter.fc.weight.new_zeros(capacity, self.drafter.hidden_size)
         self.cols = torch.arange(capacity, device=device)
         if self.attention == "triton":  # the target's pass reads its rows' block mask and the prefix unmasked
             self.causal = torch.ones(self.span, self.span, dtype=torch.bool, device=device).tril()
@@ -257,8 +268,14 @@ class DeviceLoop:
         mask = self.head_cols[None] <= rows[:, None] if mask is None else mask
         return self.head.cached_step(features, tokens, rows, self.head_k, self.head_v, slots, mask, own)
 
+    def _block_step(self, anchor, position):
+        """The block drafter's pass for the anchor token `anchor` [1] at `position` [1], reading the fused features
+        of every position before it: draft-vocabulary logits of its slots [block_size - 1, V']."""
+        mask = (self.cols < position)[None, None]  # [1, 1, capacity]: rows past the anchor are stale or empty
+        return self.drafter(self.context[None], anchor[None], position[None], mask)[0, 0]
+
     def _to_full(self, draft_ids):
-        ids = self.head.vocab_ids
+        ids = self.borrower.vocab_ids
         return draft_ids if ids is None else ids[draft_ids]
 
     # ------------------------------------------------------------------ one round
@@ -273,8 +290,8 @@ class DeviceLoop:
         """`_pick` for the EAGLE head's draft-vocabulary logits [1, V']: a full-vocabulary token, and q over the
         full vocabulary (zero outside the head's tokens)."""
         token, q = self._pick(self._choice(logits), k)
-        if q is not None and self.head.vocab_ids is not None:
-            q = q.new_zeros(1, self.head.vocab_size).index_copy_(1, self.head.vocab_ids, q)
+        if q is not None and self.borrower.vocab_ids is not None:
+            q = q.new_zeros(1, self.borrower.vocab_size).index_copy_(1, self.borrower.vocab_ids, q)
         return self._to_full(token), q
 
     def _draft(self, L):
@@ -289,6 +306,16 @@ class DeviceLoop:
             drafted, qs = [token], [q]
             for k in range(1, g):
                 token, q = self._pick(steps["draft"](token, L + k - 1), k)  # d_(k-1) sits at position L + k - 1
+                drafted.append(token)
+                qs.append(q)
+        elif self.drafter is not None:
+            # a block: one pass from the newest committed token; slot k's logits get the Markov head's bias from
+            # the token drafted before it (none without a Markov head), so each slot's q is fixed before its draw
+            anchor = self.tokens.index_select(0, L - 1)
+            logits = steps["block"](anchor, L - 1)
+            drafted, qs, token = [], [], anchor
+            for k in range(g):
+                token, q = self._head_pick(logits[k:k + 1] + self.drafter.markov(token), k)
                 drafted.append(token)
                 qs.append(q)
         else:
@@ -328,6 +355,8 @@ class DeviceLoop:
         token is the newest committed one (at L + n), drafts the next round (rows past it are overwritten before being
         read). Then the round's result into `out` (n, the tokens at L .. L + gamma, the uniforms `used` [1], default
         all of them) and L += n + 1."""
+        if self.drafter is not None:  # the verified positions' features (rows past L + n are rewritten before read)
+            self.context.index_copy_(0, rows, self.drafter.fuse(features))
         if self.head is not None:
             h, logits = self.steps["head"](features, self.tokens.index_select(0, rows + 1), rows, own=False)
             self.h0.copy_(h.index_select(0, n.view(1)))
@@ -355,6 +384,8 @@ class DeviceLoop:
             _, tapped = prefill(self.target, P - 1, self.taps)
             if self.draft is not None and P > 2:
                 prefill(self.draft, P - 2)
+            if self.drafter is not None:
+                self.context[:P - 1] = self.drafter.fuse(torch.cat(tapped, -1)[0])
             if self.head is not None:
                 rows = torch.arange(P - 1, device=device)
                 h, logits = self._head_step(torch.cat(tapped, -1)[0], prompt[1:P], rows, own=False)
@@ -441,7 +472,8 @@ class DeviceLoop:
             left -= made
             rounds.append(RoundStats(g, drafted, n, "gamma" if g else "no draft", g, made, 0.0, 0.0, 0.0))
         per_position = [sum(n > i for n in accepted) for i in range(g)]
-        return GenerationResult(new, target_calls=len(accepted) + 1, draft_calls=g * len(accepted),
+        passes = 1 if self.drafter is not None else g  # a block: one drafter pass a round
+        return GenerationResult(new, target_calls=len(accepted) + 1, draft_calls=passes * len(accepted),
                                 drafted=drafted * len(accepted), accepted=sum(accepted),
                                 accepted_per_position=per_position, wall_s=wall_s, rounds=rounds, method=self.method)
 
@@ -651,12 +683,12 @@ class DeviceExecutor:
     method's rounds on the device (`DeviceLoop`, `DeviceTreeLoop`: a round recorded as one CUDA graph on a GPU, op by
     op elsewhere) instead of the engine's host loop, with the same acceptance and sampling functions and the same
     result type. Methods whose rounds have one fixed shape run here: `ar`, `draft` (and its names `greedy`,
-    `sampling`), `eagle-chain`, and `eagle` (no pruning); the others (a policy that stops mid-round, a
+    `sampling`), `eagle-chain`, `eagle` (no pruning) and `block`; the others (a policy that stops mid-round, a
     hierarchy, Medusa, a draft's tree) are refused in one line. The executor keeps one loop per (method, models,
     shape, sampling settings), so a second call replays what the first recorded; `graphs`, `compile`, `attention`
     and `capacity` are `DeviceLoop`'s options."""
 
-    METHODS = ("ar", "draft", "eagle-chain", "eagle")
+    METHODS = ("ar", "draft", "eagle-chain", "eagle", "block")
 
     def __init__(self, graphs: bool | None = None, compile: bool | str = False, attention: str = "sdpa",
                  capacity: int = 512):
@@ -667,13 +699,19 @@ class DeviceExecutor:
             sampler: Sampler, eos_ids: set, generator) -> GenerationResult:
         """Called by `generate` (`method`: the registered name, `name`: the one asked for) with its checked
         arguments, the method's models and its policy."""
-        from .eagle import EagleChainPolicy, EaglePolicy  # (the method families; eagle does not import this module)
+        from .block import BlockPolicy  # (the method families; they do not import this module)
+        from .eagle import EagleChainPolicy, EaglePolicy
         from .policies import DraftingPolicy
-        fixed = {"ar": DraftingPolicy, "draft": DraftingPolicy, "eagle-chain": EagleChainPolicy, "eagle": EaglePolicy}
+        fixed = {"ar": DraftingPolicy, "draft": DraftingPolicy, "eagle-chain": EagleChainPolicy, "eagle": EaglePolicy,
+                 "block": BlockPolicy}
         if method not in self.METHODS or type(policy) is not fixed[method]:
             raise ValueError(f"the device executor runs rounds of one fixed shape: methods {', '.join(self.METHODS)} "
                              f"with their own policy; {name!r} runs on the engine (leave out executor=...)")
         options = dict(self.options)
+        if method == "block":
+            from .block import BlockDrafter
+            if not isinstance(draft, BlockDrafter):
+                raise ValueError(f"method 'block' needs draft=... a block drafter (core.block), got {type(draft).__name__}")
         if method == "eagle":
             if policy.prune != "none":
                 raise ValueError("the device executor runs EAGLE's tree unpruned (prune='none'; its shape is fixed); "
@@ -684,8 +722,9 @@ class DeviceExecutor:
                                           top_k=sampler.top_k, top_p=sampler.top_p, **options)
         else:
             gamma = 0 if method == "ar" else policy.gamma
-            models = {"draft": draft if method == "draft" else None, "head": head if method == "eagle-chain" else None}
-            key = (method, target, models["draft"], models["head"], gamma, sampler)
+            models = {"draft": draft if method == "draft" else None, "head": head if method == "eagle-chain" else None,
+                      "drafter": draft if method == "block" else None}
+            key = (method, target, models["draft"], models["head"], models["drafter"], gamma, sampler)
             make = lambda: DeviceLoop(target, gamma=gamma, temperature=sampler.temperature,  # noqa: E731
                                       top_k=sampler.top_k, top_p=sampler.top_p, **models, **options)
         loop = self.loops.get(key)
