@@ -191,3 +191,25 @@ def test_frozen_target_picks_its_dtype_for_the_device_load_model_picks(monkeypat
     assert train_draft.frozen_target(args)[2] == torch.bfloat16 and seen["device"].type == "cuda"
     monkeypatch.setattr(train_draft, "get_device", lambda: torch.device("cpu"))
     assert train_draft.frozen_target(args)[2] == torch.float32
+
+
+def test_in_float32_measures_in_float32_and_leaves_the_float32_buffers_alone():
+    """Inside: every parameter float32, the trained module's values rounded to bf16 first (as saved). After: the
+    dtypes back, and the target's rotary frequencies (a float32 buffer in a bf16 model) never rounded."""
+    from specdec_utils.models import tiny_model
+    target = tiny_model("tiny-llama", vocab_size=64)
+    for p in target.parameters():  # bf16 weights beside float32 buffers, as from_pretrained(dtype=bf16) loads them
+        p.data = p.data.to(torch.bfloat16)
+    draft = tiny_model("tiny-llama", vocab_size=64, seed=1)  # float32, as trained
+    freq = target.model.rotary_emb.inv_freq
+    assert freq.dtype == torch.float32
+    before = freq.clone()
+    exact = draft.model.norm.weight.data.clone().add_(1e-3)  # not representable in bf16
+    draft.model.norm.weight.data.copy_(exact)
+    with train_draft.in_float32(target, draft):
+        assert {p.dtype for p in target.parameters()} == {p.dtype for p in draft.parameters()} == {torch.float32}
+        assert torch.equal(draft.model.norm.weight, exact.to(torch.bfloat16).float())
+    assert {p.dtype for p in target.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in draft.parameters()} == {torch.float32}
+    after = target.model.rotary_emb.inv_freq
+    assert after.dtype == torch.float32 and torch.equal(after, before)

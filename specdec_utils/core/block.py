@@ -39,6 +39,7 @@ from torch import nn
 
 from .checks import is_count, is_number, require
 from .eagle import (
+    Float32Rotary,
     _RMSNorm,
     _rope_theta,
     _rotate,
@@ -90,7 +91,7 @@ class _BlockLayer(nn.Module):
         return x + self.down(F.silu(self.gate(n)) * self.up(n))
 
 
-class BlockDrafter(nn.Module):
+class BlockDrafter(Float32Rotary):
     """A DFlash-style block drafter on top of a frozen `target` (see the module docstring). `block_size` counts the
     anchor: a pass proposes block_size - 1 tokens. Trainable: `fc`, its norm, the mask embedding, the layers and
     the output norm. Borrowed, frozen, not saved: the target's embedding and its lm_head rows `vocab_ids`."""
@@ -115,8 +116,10 @@ class BlockDrafter(nn.Module):
         self.mask_embedding = nn.Parameter(torch.randn(H) * 0.02)
         self.layers = nn.ModuleList(_BlockLayer(H, n_heads, n_kv, self.head_dim, config.intermediate_size, eps)
                                     for _ in range(layers))
-        # RoPE frequencies, kept float32 whatever the drafter's dtype (not a buffer: `to` would round them)
-        self.inv_freq = 1.0 / _rope_theta(config) ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        # RoPE frequencies: a buffer that moves with the drafter (no copy from the host inside a recorded round) and
+        # stays float32 whatever its dtype (`Float32Rotary`)
+        inv = 1.0 / _rope_theta(config) ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
         self._target = [target]  # a list: not a submodule (its weights are not the drafter's)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.long().clone(), persistent=False)
@@ -149,7 +152,7 @@ class BlockDrafter(nn.Module):
         return self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def _rope(self, positions):
-        angles = positions.float()[..., None] * self.inv_freq.to(positions.device)
+        angles = positions.float()[..., None] * self.inv_freq
         emb = torch.cat([angles, angles], -1)
         dtype = self.fc.weight.dtype
         return emb.cos().to(dtype).unsqueeze(-3), emb.sin().to(dtype).unsqueeze(-3)

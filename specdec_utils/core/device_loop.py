@@ -467,12 +467,12 @@ class DeviceLoop:
         measured inside a replayed round (0)."""
         g, left, rounds = self.gamma, len(new), []
         drafted = getattr(self, "nodes", g)  # a tree verifies its nodes; a chain its gamma drafts
+        passes = 1 if self.drafter is not None else g  # a block: one drafter pass a round
         for n in accepted:
             made = min(n + 1, left)
             left -= made
-            rounds.append(RoundStats(g, drafted, n, "gamma" if g else "no draft", g, made, 0.0, 0.0, 0.0))
+            rounds.append(RoundStats(g, drafted, n, "gamma" if g else "no draft", passes, made, 0.0, 0.0, 0.0))
         per_position = [sum(n > i for n in accepted) for i in range(g)]
-        passes = 1 if self.drafter is not None else g  # a block: one drafter pass a round
         return GenerationResult(new, target_calls=len(accepted) + 1, draft_calls=passes * len(accepted),
                                 drafted=drafted * len(accepted), accepted=sum(accepted),
                                 accepted_per_position=per_position, wall_s=wall_s, rounds=rounds, method=self.method)
@@ -711,7 +711,8 @@ class DeviceExecutor:
         if method == "block":
             from .block import BlockDrafter
             if not isinstance(draft, BlockDrafter):
-                raise ValueError(f"method 'block' needs draft=... a block drafter (core.block), got {type(draft).__name__}")
+                raise ValueError(f"method 'block' needs draft=... a block drafter (core.block), got "
+                                 f"{type(draft).__name__}")
         if method == "eagle":
             if policy.prune != "none":
                 raise ValueError("the device executor runs EAGLE's tree unpruned (prune='none'; its shape is fixed); "

@@ -89,7 +89,20 @@ def default_features(n_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
 
 
-class EagleHead(nn.Module):
+class Float32Rotary(nn.Module):
+    """A module with a rotary-frequency buffer `inv_freq` (non-persistent) that `to`, `cuda`, `half`, ... move with
+    the module but keep float32 whatever its dtype (the angles positions x inv_freq are computed in float32; bf16
+    frequencies would be off by up to 0.4%). EAGLE heads and block drafters both extend it."""
+
+    def _apply(self, fn, recurse=True):
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = inv_freq.to(device=self.inv_freq.device)  # the float32 values, never rounded
+        return self
+
+
+class EagleHead(Float32Rotary):
     """One EAGLE decoder layer on top of a frozen `target` (see the module docstring for the two recipes).
     Trainable: fc, the layer, its norms. Borrowed, frozen, not saved: the target's embedding, its lm_head
     rows `vocab_ids` (None = the full vocabulary) and, for EAGLE-1, its final norm."""
@@ -135,15 +148,6 @@ class EagleHead(nn.Module):
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.long().clone(), persistent=False)
         self.to(device=target.device, dtype=next(target.parameters()).dtype)
         self.name, self.trained_steps, self.log = "untrained", 0, {}
-
-    def _apply(self, fn, recurse=True):
-        """`to`, `cuda`, `half`, ... move the rotary frequencies but keep them float32 whatever the head's dtype (the
-        angles positions x inv_freq are computed in float32; bf16 frequencies would be off by up to 0.4%)."""
-        inv_freq = self.inv_freq
-        super()._apply(fn, recurse)
-        if self.inv_freq.dtype != torch.float32:
-            self.inv_freq = inv_freq.to(device=self.inv_freq.device)  # the float32 values, never rounded
-        return self
 
     # ------------------------------------------------------------------ borrowed parts
     @property

@@ -477,15 +477,21 @@ def device_name(device: torch.device) -> str:
 def in_float32(*modules, saved=torch.bfloat16):
     """Measure in float32, as the course measures tau everywhere and as the lessons load the shipped weights: the
     trained `modules` (all but the first, the target) are rounded to their saved dtype first, then upcast; every
-    module gets its own dtype back afterwards."""
+    module gets its own dtype back afterwards (its parameters: buffers such as rotary frequencies stay as they are,
+    float32, never rounded)."""
+    def cast(module, dtype):  # parameters only: float32 buffers (rotary frequencies) must not round through bf16
+        for p in module.parameters():
+            p.data = p.data.to(dtype)
     dtypes = [next(m.parameters()).dtype for m in modules]
     for i, m in enumerate(modules):
-        (m if i == 0 else m.to(dtype=saved)).float()
+        if i:
+            cast(m, saved)
+        cast(m, torch.float32)
     try:
         yield
     finally:
         for m, d in zip(modules, dtypes):
-            m.to(dtype=d)
+            cast(m, d)
 
 
 def frozen_target(args):
