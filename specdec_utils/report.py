@@ -221,10 +221,14 @@ def bootstrap(items: list, statistic, *, resamples: int = 2000, level: float = 0
                     f"{level:.0%} bootstrap interval over {len(items)} items")
 
 
+def _pooled_ratio(pairs) -> float:
+    return sum(a for a, _ in pairs) / max(sum(b for _, b in pairs), 1)
+
+
 def ratio_interval(pairs: list, **kw) -> Estimate:
     """sum(a) / sum(b) over items (a, b), e.g. tokens and drafting rounds per prompt (tau), with its percentile
     bootstrap interval over the items (`bootstrap`)."""
-    return bootstrap(pairs, lambda r: sum(a for a, _ in r) / max(sum(b for _, b in r), 1), **kw)
+    return bootstrap(pairs, _pooled_ratio, **kw)
 
 
 def paired_difference(a: list, b: list, **kw) -> Estimate:
@@ -233,9 +237,8 @@ def paired_difference(a: list, b: list, **kw) -> Estimate:
     hard prompt counts once (two runs on the same prompts are a paired design)."""
     if len(a) != len(b):
         raise ValueError(f"paired_difference: {len(a)} against {len(b)} items; both sides need the same items")
-    def ratio(r):
-        return sum(x for x, _ in r) / max(sum(y for _, y in r), 1)
-    return bootstrap(list(zip(a, b)), lambda r: ratio([x for x, _ in r]) - ratio([y for _, y in r]), **kw)
+    return bootstrap(list(zip(a, b)), lambda r: _pooled_ratio([x for x, _ in r]) - _pooled_ratio([y for _, y in r]),
+                     **kw)
 
 
 def _running_total(per_item: np.ndarray, picks: np.ndarray) -> np.ndarray:

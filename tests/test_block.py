@@ -34,6 +34,24 @@ def greedy_setup(new_tokens: int):
             torch.cat([prompt[0], torch.tensor(continuation)]))
 
 
+def oracle_forward(full):
+    """A BlockDrafter.forward whose slots are the target's own greedy tokens `full` (the anchor's followers)."""
+    def oracle(self, context, anchors, starts, context_mask):
+        m = int(starts[0, 0])
+        future = full[m + 1:m + self.block_size]
+        logits = torch.full((1, 1, self.block_size - 1, 64), -10.0)
+        logits[0, 0, torch.arange(len(future)), future] = 10.0
+        return logits
+    return oracle
+
+
+def fused_features(target, drafter, full):
+    """The drafter's fused context of every position of `full`, from one fresh pass of the target."""
+    with torch.no_grad(), capture_hidden(target, drafter.target_hidden) as captured:
+        target(input_ids=full[None])
+        return drafter.fuse(captured[0])[0]
+
+
 def test_training_blocks_equal_one_block_at_decode_time():
     target = tiny_target(64, 1)
     drafter = random_drafter(target, 3, block_size=4, layers=2)
@@ -132,9 +150,7 @@ def test_the_proposer_reads_the_targets_features_of_every_committed_position(mon
     monkeypatch.setattr(block.BlockDrafter, "forward", recording)
     out = generate(target, prompt, 24, method="block", draft=drafter, gamma=3)
     full = torch.cat([prompt[0], torch.tensor(out.new_token_ids)])
-    with torch.no_grad(), capture_hidden(target, drafter.target_hidden) as captured:
-        target(input_ids=full[None])
-        fused = drafter.fuse(captured[0])[0]
+    fused = fused_features(target, drafter, full)
     assert len(seen) == out.draft_calls >= len(out.rounds) - 2  # one pass per drafting round (not the prefill's,
     # nor a last round with no room left)
     for context, m, anchor in seen:
@@ -147,13 +163,7 @@ def test_a_drafter_that_copies_the_target_is_always_accepted(monkeypatch):
     gives gamma + 1 tokens per round (the plumbing of anchors, positions and rollback, checked end to end)."""
     target, drafter, ids, ref, full = greedy_setup(24)
 
-    def oracle(self, context, anchors, starts, context_mask):
-        m = int(starts[0, 0])
-        future = full[m + 1:m + self.block_size]
-        logits = torch.full((1, 1, self.block_size - 1, 64), -10.0)
-        logits[0, 0, torch.arange(len(future)), future] = 10.0
-        return logits
-    monkeypatch.setattr(block.BlockDrafter, "forward", oracle)
+    monkeypatch.setattr(block.BlockDrafter, "forward", oracle_forward(full))
     out = generate(target, ids, 24, method="block", draft=drafter, gamma=4)
     assert out.new_token_ids == ref
     assert [r.accepted for r in out.rounds[1:-1]] == [4] * (len(out.rounds) - 2)
@@ -325,20 +335,12 @@ def test_the_device_loop_reads_every_committed_positions_features_and_keeps_righ
     monkeypatch.setattr(block.BlockDrafter, "forward", recording)
     out = DeviceLoop(target, drafter=drafter, gamma=3).generate(ids, 24)
     assert out.new_token_ids == ref and len(seen) == len(out.rounds)
-    with torch.no_grad(), capture_hidden(target, drafter.target_hidden) as captured:
-        target(input_ids=full[None])
-        fused = drafter.fuse(captured[0])[0]
+    fused = fused_features(target, drafter, full)
     for context, visible, m, anchor in seen:
         assert visible == m and anchor == int(full[m])
         assert torch.allclose(context, fused[:m], atol=1e-4)
 
-    def oracle(self, context, anchors, starts, context_mask):
-        m = int(starts[0, 0])
-        future = full[m + 1:m + self.block_size]
-        logits = torch.full((1, 1, self.block_size - 1, 64), -10.0)
-        logits[0, 0, torch.arange(len(future)), future] = 10.0
-        return logits
-    monkeypatch.setattr(block.BlockDrafter, "forward", oracle)
+    monkeypatch.setattr(block.BlockDrafter, "forward", oracle_forward(full))
     out = DeviceLoop(target, drafter=drafter, gamma=4).generate(ids, 24)
     assert out.new_token_ids == ref
     assert [r.accepted for r in out.rounds[:-1]] == [4] * (len(out.rounds) - 1)
