@@ -263,3 +263,23 @@ def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
     sampled = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
     assert 1 <= len(sampled.new_token_ids) <= 12
     assert draft.config.vocab_size == 65  # restored after the call
+
+
+@pytest.mark.slow
+def test_draft_step_bench_times_wider_passes_and_whole_block_rounds(monkeypatch):
+    """`draft_step_bench.measure` with `verify` and `block_size`: the block drafter's entry times a whole round
+    (one pass, every slot walked), each timed call once after the warm-up."""
+    from specdec_utils.tools import draft_step_bench
+    rounds = []
+    propose = draft_step_bench.BlockProposer.propose
+
+    def spy(self, tokens, gamma, *rest):
+        proposal = propose(self, tokens, gamma, *rest)
+        rounds.append((gamma, len(proposal.tokens)))
+        return proposal
+    monkeypatch.setattr(draft_step_bench.BlockProposer, "propose", spy)
+    steps = draft_step_bench.measure(torch.device("cpu"), torch.float32, context=16, repeats=2, verify=(3,),
+                                     block_size=4, markov_rank=2)
+    assert set(steps) == {"target", "draft-m", "eagle-head", "target x3", "block-drafter"}
+    assert all(0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"] for s in steps.values())
+    assert rounds == [(3, 3)] * (20 + 2)  # 20 warm-up calls, 2 timed; every round drafts all 3 slots

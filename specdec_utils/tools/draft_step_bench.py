@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
+from ..core.block import BlockPolicy, BlockProposer, block_drafter_for
 from ..core.eagle import EAGLE_NAME, EagleProposer, load_eagle
+from ..core.engine import Sampler
 from ..core.runner import ModelRunner
 from ..models import load_model
 from ..utils import device_summary
@@ -43,7 +45,13 @@ def time_steps(step, device, repeats: int, warmup: int = 20) -> list[float]:
 
 
 @torch.inference_mode()
-def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m") -> dict:
+def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m",
+            verify=(), block_size: int = 0, markov_rank: int = 0) -> dict:
+    """Median and spread (ms) of one eager step of the target, `draft_name` and the EAGLE head at a cache of
+    `context` tokens; with `verify` (token counts k) also the target's pass over k new tokens ("target xk"), and
+    with `block_size` one round of a block drafter of that shape ("block-drafter": its one pass over the context
+    and the walk of its block_size - 1 slots, `BlockProposer.propose`). A step's cost does not depend on the
+    weights: the block drafter is an untrained one of the head's draft vocabulary."""
     target, _ = load_model("smollm2-135m", device=device, dtype=dtype)
     draft, _ = load_model(draft_name, device=device, dtype=dtype)
     head = load_eagle(head_name, target)
@@ -68,6 +76,24 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
         proposer.step(h[None], ids[0, :1], torch.tensor([fed], device=device), allowed, own=True)
         proposer.cache.length = fed
     out["eagle-head"] = time_steps(head_step, device, repeats)
+    runner = ModelRunner(target)
+    runner.forward(ids)
+    for k in verify:
+        wide = torch.cat([ids, ids[:, :k]], 1)
+
+        def verify_step(wide=wide):
+            runner.forward(wide)
+            runner.rollback(context)
+        out[f"target x{k}"] = time_steps(verify_step, device, repeats)
+    if block_size:
+        drafter = block_drafter_for(target, block_size, vocab_ids=head.vocab_ids, markov_rank=markov_rank)
+        block = BlockProposer(drafter)
+        block.observe_target(features[:-1])
+        policy = BlockPolicy(block_size - 1)
+
+        def block_round():
+            block.propose(ids, block_size - 1, policy, Sampler(), None, 0)
+        out["block-drafter"] = time_steps(block_round, device, repeats)
     return {name: {"median_ms": statistics.median(t), "p10_ms": sorted(t)[len(t) // 10],
                    "p90_ms": sorted(t)[9 * len(t) // 10]} for name, t in out.items()}
 
