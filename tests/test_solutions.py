@@ -575,3 +575,20 @@ def test_ch08_one_tile_kernel_matches_sdpa():
         reference = ch08.ta.reference(q[None, None], k[None, None], v[None, None], mask)[0, 0]
         torch.testing.assert_close(ch08.one_tile_tree_attention(q, k, v, mask), reference, atol=1e-5, rtol=1e-5)
     assert ch08.one_tile_check() < 1e-5 and "3. one_tile_tree_attention: largest" in ch08.answers()[2]
+
+
+def test_ch11_mask_count_tau_and_break_even():
+    from specdec_utils.core.block import block_mask
+    ch11 = load("ch11")
+    for starts, n, b in (([2, 5, 8], 10, 4), ([1], 3, 2), ([3, 4], 9, 5)):
+        mask = ch11.training_mask(starts, n, b)
+        assert int(mask.sum()) == ch11.allowed_pairs(starts, b)
+        assert torch.equal(mask[:, :n], block_mask(torch.tensor([starts]), n)[0].repeat_interleave(b, 0))
+        assert not mask[:b, n + b:].any()  # a block never reads another block
+    assert ch11.expected_tau([1.0, 1.0, 1.0], 3) == 4.0
+    assert abs(ch11.expected_tau([0.5, 0.5], 2) - 1.75) < 1e-12
+    assert ch11.expected_tau([0.5, 0.5, 0.9], 2) == ch11.expected_tau([0.5, 0.5], 2)  # gamma caps the round
+    tau_chain, r_chain, r_block = 2.5, 2.0, 1.2
+    tie = ch11.break_even(tau_chain, r_chain, r_block)
+    assert abs(tie / r_block - tau_chain / r_chain) < 1e-12
+    ch11.main()  # reads the committed measurements and prints every answer
