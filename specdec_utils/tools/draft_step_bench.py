@@ -57,8 +57,9 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
     head = load_eagle(head_name, target)
     ids = torch.randint(3, 1000, (1, context), device=device, generator=None)
     out = {}
+    runners = {}
     for name, model in (("target", target), (draft_name, draft)):
-        runner = ModelRunner(model)
+        runner = runners[name] = ModelRunner(model)
         runner.forward(ids)
 
         def step(runner=runner):
@@ -76,8 +77,7 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
         proposer.step(h[None], ids[0, :1], torch.tensor([fed], device=device), allowed, own=True)
         proposer.cache.length = fed
     out["eagle-head"] = time_steps(head_step, device, repeats)
-    runner = ModelRunner(target)
-    runner.forward(ids)
+    runner = runners["target"]  # its cache holds the context already
     for k in verify:
         wide = torch.cat([ids, ids[:, :k]], 1)
 
