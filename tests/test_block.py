@@ -320,6 +320,34 @@ def test_the_device_loop_gives_the_target_alones_tokens(options):
             assert through.new_token_ids == ref and through.draft_calls == len(through.rounds)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_recorded_block_round_gives_the_target_alones_tokens():
+    """On a GPU the round is recorded as a CUDA graph and replayed (each pass compiled, or the whole round): the
+    target alone's tokens, with and without the Markov head, after a new gamma, and past a growth of the buffers."""
+    from specdec_utils.core.device_loop import DeviceLoop
+    target = tiny_target(64, 2)
+    drafters = {"plain": random_drafter(target, 1, block_size=6),
+                "markov": random_drafter(target, 2, block_size=6, vocab_ids=torch.arange(3, 40), markov_rank=4)}
+    target = target.cuda()
+    for name, drafter in drafters.items():
+        drafter = drafter.cuda()
+        for compile_mode in (False, True, "round"):
+            loop = DeviceLoop(target, drafter=drafter, gamma=4, compile=compile_mode)
+            for seed in (5, 6):
+                ids = torch.tensor([[5, 9, 11, 4, 7, 1, 30, 2, 8][:4 + seed]]).cuda()
+                reference = generate(target, ids, 40, method="ar").new_token_ids
+                assert loop.generate(ids, 40).new_token_ids == reference, (name, compile_mode)
+                assert loop.graph is not None
+            loop.set_gamma(2)
+            assert loop.generate(ids, 40).new_token_ids == reference, (name, compile_mode, "gamma 2")
+            long_ids = torch.tensor([[3, 8, 5]]).cuda()
+            assert loop.generate(long_ids, 400).new_token_ids == generate(target, long_ids, 400,
+                                                                          method="ar").new_token_ids
+        times = loop.anatomy(repeats=3)
+        assert set(times) == {"round_ms", "draft_ms", "verify_ms"} and min(times.values()) > 0, (name, times)
+
+
 def test_the_device_loop_reads_every_committed_positions_features_and_keeps_right_drafts(monkeypatch):
     """Each pass reads the target's fused features of exactly the positions before its anchor (as one fresh pass
     computes them; rows after it are masked out), and drafts the target agrees with are all kept: a drafter whose

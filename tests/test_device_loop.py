@@ -620,3 +620,33 @@ def test_the_round_profile_reads_its_loop_specs():
     for bad in ("tree5x3x10", "chain@round", "star@round", "ar@fast"):
         with pytest.raises(ValueError, match="a loop"):
             build(bad, target, head, 64)
+
+
+@pytest.mark.slow  # the real target
+def test_the_gpu_benchmark_runs_a_block_drafter_beside_the_others(tmp_path):
+    """`--block`: the block drafter is one more device loop, tuned alone (the chains switched off with gamma 0; no
+    gamma past its block) and run in the board at the tuned gamma, token for token the target alone's."""
+    import json
+    import subprocess
+    import sys
+
+    from specdec_utils.core.block import block_drafter_for
+    from specdec_utils.models import load_model
+    target, _ = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
+    block_drafter_for(target, block_size=4, vocab_ids=torch.arange(8192), markov_rank=4).save(tmp_path / "drafter")
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+                               "--prompts", "1", "--max-new-tokens", "8", "--block", str(tmp_path / "drafter"),
+                               *args], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    run("--part", "device-tune", "--gammas", "2,3,4", "--gamma-greedy", "0", "--gamma-eagle", "0",
+        "--out", str(tmp_path / "tune.json"))
+    tune = json.loads((tmp_path / "tune.json").read_text())
+    assert [(r["method"], r["gamma"]) for r in tune["results"]] == [("block (device)", 2), ("block (device)", 3)]
+    run("--part", "device-board", "--repeats", "1", "--tuned", str(tmp_path / "tune.json"), "--tree", "",
+        "--out", str(tmp_path / "board.json"))
+    board = json.loads((tmp_path / "board.json").read_text())
+    assert board["gammas"]["block (device)"] == tune["best"]["block (device)"]
+    tokens = {r["method"]: r["new_token_ids"] for r in board["records"]}
+    assert tokens["block (device)"] == tokens["ar (device)"] and len(tokens["block (device)"]) == 8

@@ -42,6 +42,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import transformers
@@ -162,9 +163,9 @@ def _label(name: str, attention: str) -> str:
 
 
 def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: dict, temperature: float = 0.0,
-                  attentions: tuple = ("sdpa",)) -> dict:
-    """The device loops: `ar`, the draft's chain, the head's chain and EAGLE's tree (each at `temperature`), once per
-    attention in `attentions`."""
+                  attentions: tuple = ("sdpa",), drafter=None) -> dict:
+    """The device loops: `ar`, the draft's chain, the head's chain, EAGLE's tree and, with a block `drafter` (and
+    `gammas["block"]`), its block (each at `temperature`), once per attention in `attentions`."""
     loops = {}
     for attention in attentions:
         warp = {"capacity": capacity, "compile": compiled, "temperature": temperature, "attention": attention}
@@ -172,9 +173,11 @@ def _device_loops(target, draft, eagle, capacity: int, compiled: bool, gammas: d
         if gammas.get("greedy"):  # (--gamma-greedy 0: no draft model's chain)
             loops[_label(_chain(temperature), attention)] = DeviceLoop(target, draft=draft, gamma=gammas["greedy"],
                                                                        **warp)
-        if "eagle-chain" in gammas:
+        if gammas.get("eagle-chain"):  # (--gamma-eagle 0: no head's chain)
             loops[_label("eagle-chain", attention)] = DeviceLoop(target, head=eagle, gamma=gammas["eagle-chain"],
                                                                  **warp)
+        if drafter is not None and gammas.get("block"):
+            loops[_label("block", attention)] = DeviceLoop(target, drafter=drafter, gamma=gammas["block"], **warp)
         if gammas.get("eagle"):
             depth, topk, nodes = gammas["eagle"]
             loops[_label("eagle", attention)] = DeviceTreeLoop(target, eagle, depth=depth, topk=topk, nodes=nodes,
@@ -217,17 +220,19 @@ def _device_setup(args, tokenizer, rows, dtype):
     target, _ = load_model(args.target, device=args.device, dtype=dtype)
     draft, _ = load_model(args.draft, device=args.device, dtype=dtype)
     eagle = load_eagle(args.eagle, target)
+    drafter = _drafter(args, target)
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
     tree = _tree_shape(args.tree)
     # room for the longest prompt, its new tokens and the widest round (a chain's gamma, a tree's nodes), no more:
     # no loop grows (and so records again) inside a timed generation, and attention reads the whole buffer
     extra = [_tree_shape(shape) for shape in filter(None, args.extra_trees.split(","))]
-    span = max(args.gamma_greedy, args.gamma_eagle, tree[2] if tree else 0, *(shape[2] for shape in extra)) + 1
+    span = max(args.gamma_greedy, args.gamma_eagle, args.gamma_block if drafter is not None else 0,
+               tree[2] if tree else 0, *(shape[2] for shape in extra)) + 1
     capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     t0 = time.perf_counter()
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
                           {"greedy": args.gamma_greedy, "eagle-chain": args.gamma_eagle,
-                           "eagle": tree}, args.temperature, _attentions(args))
+                           "eagle": tree, "block": args.gamma_block}, args.temperature, _attentions(args), drafter)
     for depth, topk, nodes in extra:  # more trees beside --tree, one loop each
         for attention in _attentions(args):
             loops[_label(f"eagle {depth}x{topk}x{nodes}", attention)] = DeviceTreeLoop(
@@ -294,6 +299,16 @@ def device_identity(args, tokenizer, rows) -> dict:
     return out
 
 
+def _drafter(args, target):
+    """`--block`: the block drafter (a folder, or a name under data/models) on `target`, or None."""
+    if not args.block:
+        return None
+    from ..core.block import load_block
+    from ..models import MODELS_DIR
+    path = Path(args.block) if Path(args.block).exists() else MODELS_DIR / args.block
+    return load_block(path, target)
+
+
 def device_tune(args, tokenizer, _rows) -> dict:
     """bfloat16, training prompts: tokens/s of each chain at each gamma, and each round's anatomy."""
     rows = build_prompts("train")
@@ -305,14 +320,16 @@ def device_tune(args, tokenizer, _rows) -> dict:
     target, _ = load_model(args.target, device=args.device, dtype=torch.bfloat16)
     draft, _ = load_model(args.draft, device=args.device, dtype=torch.bfloat16)
     eagle = load_eagle(args.eagle, target)
+    drafter = _drafter(args, target)
     encoded = [tokenizer(format_prompt(tokenizer, row), return_tensors="pt").input_ids.to(args.device) for row in rows]
     gammas = [int(g) for g in args.gammas.split(",") if g]  # none: the trees alone
     shapes = [_tree_shape(shape) for shape in filter(None, args.trees.split(","))]
     span = max(gammas + [nodes for _, _, nodes in shapes], default=0) + 1  # the widest round: no loop grows while timed
     capacity = _capacity(args, max(ids.shape[1] for ids in encoded) + args.max_new_tokens + span + 1)
     loops = _device_loops(target, draft, eagle, capacity, _compile(args),
-                          {"greedy": gammas[0], "eagle-chain": gammas[0]} if gammas else {}, args.temperature,
-                          _attentions(args))
+                          {"greedy": gammas[0] if args.gamma_greedy else 0,
+                           "eagle-chain": gammas[0] if args.gamma_eagle else 0,
+                           "block": gammas[0]} if gammas else {}, args.temperature, _attentions(args), drafter)
     eos = tokenizer.eos_token_id
     out = {"split": "train", "prompts": len(rows), "capacity": next(iter(loops.values())).capacity,
            "temperature": args.temperature,
@@ -325,6 +342,8 @@ def device_tune(args, tokenizer, _rows) -> dict:
     out["ar"] = {"tok_per_s": base, **(ar.anatomy(parts=_parts(args)) if args.device == "cuda" else {})}
     for label, loop in loops.items():
         for gamma in gammas:
+            if drafter is not None and loop.drafter is drafter and gamma > drafter.block_size - 1:
+                continue  # past the block
             t0 = time.perf_counter()
             loop.set_gamma(gamma)
             loop.prepare()
@@ -511,6 +530,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--gamma-greedy", type=int, default=4, help="device parts: the draft's gamma")
     ap.add_argument("--gamma-eagle", type=int, default=4, help="device parts: the EAGLE head's gamma")
+    ap.add_argument("--block", default="", help="device parts: a block drafter (a folder saved by train_block, or a "
+                    "name under data/models) run as one more loop, `block (device)`")
+    ap.add_argument("--gamma-block", type=int, default=7, help="device parts: the block drafter's gamma")
     ap.add_argument("--gammas", default="2,3,4,5,6,8",
                     help="device-tune: the chains' gammas tried ('': the trees alone)")
     ap.add_argument("--slim", action="store_true", help="device-board: drop each record's tokens from the JSON")
@@ -555,6 +577,7 @@ def main(argv=None) -> int:
         for attention in ("sdpa", "triton"):  # a tune of either attention (the last file's choice wins)
             args.gamma_greedy = best.get(_label(_chain(args.temperature), attention), args.gamma_greedy)
             args.gamma_eagle = best.get(_label("eagle-chain", attention), args.gamma_eagle)
+            args.gamma_block = best.get(_label("block", attention), args.gamma_block)
             args.tree = best.get(_label("eagle", attention), args.tree)
     if args.temperature < 0 or (args.temperature and args.part not in ("device-tune", "device-board")):
         ap.exit(2, f"tree_graph_bench: --temperature takes a number >= 0, for the parts device-tune and device-board "
