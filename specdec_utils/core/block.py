@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models import has_weights
 from .checks import is_count, is_number, require
 from .eagle import (
     Float32Rotary,
@@ -220,7 +221,7 @@ class BlockDrafter(Float32Rotary):
 def load_block(path, target) -> BlockDrafter:
     """A drafter saved by `BlockDrafter.save` (a folder), attached to `target`."""
     path = Path(path)
-    if not (path / FILE).exists():
+    if not has_weights(path, FILE):
         raise ValueError(f"no block drafter at {path} (a folder with {FILE} and config.json); train one with "
                          f"python -m specdec_utils.tools.train_block")
     config, state, vocab_ids = read_borrowing(path, FILE, target, "block drafter")

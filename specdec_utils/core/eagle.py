@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import MODELS_DIR
+from ..models import MODELS_DIR, has_weights, unpacked
 from ..utils import require_data
 from .checks import is_count, require
 from .engine import Proposal, draw_chain
@@ -333,14 +333,15 @@ def eagle_head_for(target, layer: str = "eagle3", features=None, vocab_ids: torc
 
 def read_borrowing(path: Path, file: str, target, what: str) -> tuple[dict, dict, torch.Tensor | None]:
     """(config, weights, vocab_ids) of a model saved by `save_borrowing` in folder `path`, checked against `target`
-    (the same hidden size and vocabulary) with one clear error line; `what` names the model in it."""
+    (the same hidden size and vocabulary) with one clear error line; `what` names the model in it. `file` may be
+    packed (`models.pack`): it is read through `models.unpacked`."""
     from safetensors.torch import load_file
     config = json.loads((path / "config.json").read_text())
     hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
     if config["hidden_size"] != hidden or config["target_vocab_size"] != vocab:
         raise ValueError(f"the {what} at {path} was trained for hidden size {config['hidden_size']} and "
                          f"{config['target_vocab_size']} tokens; this target has {hidden} and {vocab}")
-    state = load_file(str(path / file))
+    state = load_file(str(unpacked(path) / file))
     return config, state, state.pop("vocab_ids", None)
 
 
@@ -350,7 +351,7 @@ def load_eagle(name_or_path, target) -> EagleHead:
     if not path.exists():
         require_data()
         path = MODELS_DIR / str(name_or_path)
-    if not (path / "head.safetensors").exists():
+    if not has_weights(path, "head.safetensors"):
         raise ValueError(f"no EAGLE head at {name_or_path} (a folder with head.safetensors and config.json, or a "
                          f"name under {MODELS_DIR}); train one with python -m specdec_utils.tools.train_eagle")
     config, state, vocab_ids = read_borrowing(path, "head.safetensors", target, "EAGLE head")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import MODELS_DIR
+from ..models import MODELS_DIR, has_weights, unpacked
 from ..utils import require_data
 from .hidden import capture_hidden, final_norm  # noqa: F401 (the heads' hook, re-exported for the trainer)
 
@@ -110,7 +110,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
     if not path.exists():
         require_data()
         path = MODELS_DIR / str(name_or_path)
-    if not (path / "heads.safetensors").exists():
+    if not has_weights(path, "heads.safetensors"):
         raise ValueError(f"no Medusa heads at {name_or_path} (a folder with heads.safetensors and config.json, or a "
                          f"name under {MODELS_DIR}); train them with python -m specdec_utils.tools.train_medusa")
     config = json.loads((path / "config.json").read_text())
@@ -119,7 +119,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
         raise ValueError(f"heads at {path} were trained for hidden size {config['hidden_size']} and "
                          f"{config.get('target_vocab_size')} tokens; this target has {hidden} and {vocab}")
     heads = MedusaHeads(target, config["num_heads"], config["use_norm"] if use_norm is None else use_norm)
-    state = load_file(str(path / "heads.safetensors"))
+    state = load_file(str(unpacked(path) / "heads.safetensors"))
     heads.blocks.load_state_dict({k[len("blocks."):]: v for k, v in state.items()})
     heads.to(device=target.device, dtype=next(target.parameters()).dtype)
     heads.trained_steps, heads.name = config.get("trained_steps", 0), path.name

@@ -12,7 +12,8 @@ verifies it exactly like a model's. No match anywhere: `None`, and the level sto
 
 It costs a dictionary lookup and a short scan of the context (tens of microseconds), no forward
 pass. It is built by `python -m specdec_utils.tools.train_draft --names ngram` from the same kind of
-target-written corpus as the drafts, and saved as `data/models/ngram/table.safetensors`.
+target-written corpus as the drafts, and saved as `data/models/ngram/table.safetensors` (shipped lzma-packed as
+`table.safetensors.xz`, read through `models.unpacked`).
 """
 from __future__ import annotations
 
@@ -90,9 +91,15 @@ class NgramDraft(nn.Module):
 
     @classmethod
     def load(cls, folder: Path) -> NgramDraft:
+        """The table saved by `save` in `folder`. A packed folder (the shipped one) is read through
+        `models.unpacked(folder)`, as `load_model("ngram")` does (models imports this module, not the reverse)."""
         from safetensors import safe_open
         path = Path(folder) / TABLE_FILE
         if not path.exists():
+            if path.with_name(path.name + ".xz").exists():  # models.PACKED
+                raise FileNotFoundError(f"the n-gram table at {path} is packed: load it with "
+                                        "specdec_utils.models.load_model('ngram') or NgramDraft.load(models.unpacked("
+                                        "folder))")
             raise FileNotFoundError(f"no n-gram table at {path}: build it with "
                                     "`python -m specdec_utils.tools.train_draft --names ngram` (see README)")
         tables = {}

@@ -37,7 +37,7 @@ import transformers
 from .. import report
 from ..core.eagle import MODELS_DIR, load_eagle
 from ..core.methods import generate
-from ..models import load_model
+from ..models import load_model, unpacked
 from ..prompts import build_prompts, format_prompt
 
 METHODS = ("eagle-chain", "eagle")
@@ -81,7 +81,7 @@ def parse_heads(text: str) -> dict[str, str]:
 def head_facts(head, where: str) -> dict:
     """What identifies a head: where it came from, its training steps and a hash of its weights' file."""
     path = Path(where) if Path(where).exists() else MODELS_DIR / where
-    digest = hashlib.sha256((path / "head.safetensors").read_bytes()).hexdigest()
+    digest = hashlib.sha256((unpacked(path) / "head.safetensors").read_bytes()).hexdigest()  # packed: same bytes
     return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
 
 

@@ -36,7 +36,7 @@ from transformers import LlamaConfig, get_cosine_with_min_lr_schedule_with_warmu
 
 from .. import report
 from ..core.ngram import NgramDraft
-from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model
+from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model, unpacked
 from ..prompts import build_prompts, format_prompt
 from ..utils import get_device, progress, seed_everything
 from . import distributed, objectives
@@ -560,7 +560,7 @@ def main(argv=None):
     for name in args.names:
         seed_everything(args.seed)
         if args.init:  # go on from a saved draft: its shape and vocabulary
-            draft = ReducedVocabLlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+            draft = ReducedVocabLlamaForCausalLM.from_pretrained(unpacked(args.init), dtype=torch.float32)
             shape = {k: getattr(draft.config, k) for k in DRAFT_SHAPES[name]}
             if shape != DRAFT_SHAPES[name]:
                 raise SystemExit(f"--init {args.init}: that draft's shape {shape} is not {name}'s")

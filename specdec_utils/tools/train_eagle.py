@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from .. import report
 from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
+from ..models import has_weights
 from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
 from . import distributed, objectives
@@ -289,7 +290,7 @@ def parse_args(argv=None):
     if unknown:
         ap.error(f"argument --variants: unknown variant {unknown[0]!r}; allowed: {', '.join(VARIANTS)}")
     if args.init is not None and (len(args.variants) * len(args.objectives) != 1
-                                  or not (args.init / "head.safetensors").exists()):
+                                  or not has_weights(args.init, "head.safetensors")):
         ap.error(f"--init: one variant and a folder with head.safetensors (a head saved by train_eagle); got "
                  f"--variants {','.join(args.variants)} and --init {args.init}")
     return args
