@@ -47,7 +47,9 @@ PRESETS = {
                 # notebook 06: Medusa heads trained for this target, and the draft that grows trees
                 "medusa_target": TARGET_NAME, "heads": "medusa-heads", "tree_draft": "draft-s",
                 # notebook 07: the EAGLE head trained for this target
-                "eagle_target": TARGET_NAME, "eagle_head": "eagle-head"},
+                "eagle_target": TARGET_NAME, "eagle_head": "eagle-head",
+                # notebook 11: the block drafter trained for this target
+                "block_drafter": "block-drafter"},
     "colab-gpu": {"target": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
                   "draft": "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "draft_small": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -57,6 +59,7 @@ PRESETS = {
                   "medusa_target": "HuggingFaceTB/SmolLM2-135M-Instruct", "heads": "medusa-heads",
                   "tree_draft": "draft-s",
                   "eagle_target": "HuggingFaceTB/SmolLM2-135M-Instruct", "eagle_head": "eagle-head",
+                  "block_drafter": "block-drafter",
                   # A second family with its own tokenizer, for comparison.
                   "gpt2_target": "gpt2-medium", "gpt2_draft": "distilgpt2"},
 }
@@ -166,7 +169,7 @@ def unpacked(folder) -> Path:
     """`folder` with its packed weight files (`NAME.xz`) readable under their own names: the folder itself when
     none needs unpacking (none is packed, or every packed file's `NAME` lies beside it: a model retrained in place is
     written uncompressed and wins over the stale packed file), else a copy under CACHE_DIR/unpacked/ with the packed
-    files decompressed and the others copied. The copy is built once (its name holds a digest of the packed files,
+    files decompressed and the others copied. The copy is built once (its name holds a digest of the folder's files,
     so a changed file gets a new one) in a temporary sibling, then renamed into place: processes unpacking at once
     never see a half-written folder."""
     folder = Path(folder)
@@ -175,7 +178,8 @@ def unpacked(folder) -> Path:
         return folder
     # the copy's weights: the packed files, and any plain file that shadows a packed one
     weights = [p.with_suffix("") if p.with_suffix("").exists() else p for p in packed]
-    out = CACHE_DIR / "unpacked" / f"{folder.name}-{_digest(weights)}"
+    others = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix != PACKED and p not in weights)
+    out = CACHE_DIR / "unpacked" / f"{folder.name}-{_digest(weights + others)}"  # (an edited config too: a new copy)
     if out.is_dir():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

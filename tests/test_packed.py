@@ -152,6 +152,10 @@ def test_the_unpacked_copy_is_built_once_and_reused(tmp_path, cache, monkeypatch
     random_eagle_head(target, seed=9, vocab_ids=torch.arange(5, 200)).save(folder)
     pack(folder)
     assert unpacked(folder) != first and sha(unpacked(folder) / "head.safetensors") != sha(first / "head.safetensors")
+    # so does an edited small file beside the weights (a config), which the copy holds too
+    second = unpacked(folder)
+    (folder / "config.json").write_text((folder / "config.json").read_text().replace("{", '{"edited": 1, ', 1))
+    assert unpacked(folder) != second and '"edited": 1' in (unpacked(folder) / "config.json").read_text()
 
 
 def test_unpacking_twice_and_losing_the_race(tmp_path, cache, monkeypatch):

@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import has_weights
+from ..models import MODELS_DIR, has_weights
+from ..utils import require_data
 from .checks import is_count, is_number, require
 from .eagle import (
     Float32Rotary,
@@ -54,6 +55,7 @@ from .engine import Proposal, draw_chain
 from .policies import DraftingPolicy
 
 FILE = "drafter.safetensors"
+BLOCK_NAME = "block-drafter"  # the shipped drafter (data/models), trained by tools/train_block on four GPUs
 
 
 class _BlockLayer(nn.Module):
@@ -218,12 +220,16 @@ class BlockDrafter(Float32Rotary):
         save_borrowing(self, path, FILE)
 
 
-def load_block(path, target) -> BlockDrafter:
-    """A drafter saved by `BlockDrafter.save` (a folder), attached to `target`."""
-    path = Path(path)
+def load_block(name_or_path, target) -> BlockDrafter:
+    """A drafter saved by `BlockDrafter.save` (a name under data/models, such as `BLOCK_NAME`, or a folder),
+    attached to `target`."""
+    path = Path(name_or_path)
+    if not path.exists():
+        require_data()
+        path = MODELS_DIR / str(name_or_path)
     if not has_weights(path, FILE):
-        raise ValueError(f"no block drafter at {path} (a folder with {FILE} and config.json); train one with "
-                         f"python -m specdec_utils.tools.train_block")
+        raise ValueError(f"no block drafter at {name_or_path} (a folder with {FILE} and config.json, or a name under "
+                         f"{MODELS_DIR}); train one with python -m specdec_utils.tools.train_block")
     config, state, vocab_ids = read_borrowing(path, FILE, target, "block drafter")
     drafter = BlockDrafter(target, config["block_size"], config["layers"], config["features"], vocab_ids,
                            config.get("markov_rank", 0))

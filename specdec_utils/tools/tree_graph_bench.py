@@ -42,7 +42,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import transformers
@@ -304,9 +303,7 @@ def _drafter(args, target):
     if not args.block:
         return None
     from ..core.block import load_block
-    from ..models import MODELS_DIR
-    path = Path(args.block) if Path(args.block).exists() else MODELS_DIR / args.block
-    return load_block(path, target)
+    return load_block(args.block, target)
 
 
 def device_tune(args, tokenizer, _rows) -> dict:
