@@ -373,3 +373,28 @@ def test_eagle_tau_best_per_head_keeps_chains_within_the_cap():
     best = {b["method"]: b for b in eagle_tau.best_per_head(result)}
     assert best["eagle-chain"]["shape"] == "chain6" and best["eagle-chain"]["tau_round"].value == pytest.approx(19 / 9)
     assert best["eagle"]["shape"] == "tree2x2x3" and best["eagle"]["tau_round"].value == pytest.approx(4.0)
+
+
+def test_acceptance_by_position_counts_the_rounds_chain_rounds_walks():
+    """Position k + 1 is reached by the rounds whose first k drafts were accepted (and whose draft there lies inside
+    the continuation); the counts add up to chain_rounds' tokens, and a hand-made matrix gives its known rates."""
+    from specdec_utils.tools.train_eagle import acceptance_by_position, by_position, chain_rounds
+    T, F = True, False
+    matches = torch.tensor([[T, T, F], [F, F, F], [F, F, F], [T, F, F], [F, F, F], [T, F, F], [F, F, F]])
+    # rounds: m=0 accepts 2 (next m=3); m=3 accepts 1 (m=5); m=5 has one position inside (m+1+k < 7: k=0) and accepts it
+    # (a draft past the continuation's end never matches)
+    reached, accepted = acceptance_by_position(matches, 3)
+    assert (reached, accepted) == ([3, 2, 1], [3, 1, 0])
+    rounds = chain_rounds(matches, 3)
+    assert sum(accepted) == sum(rounds) - len(rounds)
+    generator = torch.Generator().manual_seed(0)
+    pairs = []
+    for _ in range(20):
+        inside = torch.arange(30)[:, None] + 1 + torch.arange(5) < 30
+        m = (torch.rand(30, 5, generator=generator) < 0.6) & inside
+        reached, accepted = acceptance_by_position(m, 5)
+        rounds = chain_rounds(m, 5)
+        assert sum(accepted) == sum(rounds) - len(rounds) and reached[0] == len(rounds)
+        pairs.append((reached, accepted))
+    pooled = by_position(pairs)
+    assert pooled["reached"][0] >= pooled["reached"][-1] and all(0.4 < r < 0.8 for r in pooled["rate"][:3])

@@ -38,7 +38,7 @@ from ..prompts import build_prompts, format_prompt
 from ..utils import seed_everything
 from . import distributed, objectives
 from .train_draft import device_name, frozen_target, greedy_continuations, in_float32
-from .train_eagle import chain_rounds, choose_vocab, target_pass, train
+from .train_eagle import acceptance_by_position, by_position, chain_rounds, choose_vocab, target_pass, train
 
 SLOT_WEIGHT = 0.8
 
@@ -97,17 +97,19 @@ def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continu
     there, and its k-th draft is right when it equals the token at position n + m + 1 + k."""
     b = drafter.block_size
     gammas = sorted({g for g in (*gammas, b - 1) if g <= b - 1})
-    first, total, produced = 0, 0, {g: [] for g in gammas}
+    first, total, produced, positions = 0, 0, {g: [] for g in gammas}, []
     for row, cont in zip(rows, continuations):
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + cont], device=target.device)
         matches = block_matches(drafter, target, ids, len(prompt))
         first += int(matches[:-1, 0].sum())
         total += max(len(cont) - 1, 0)
+        positions.append(acceptance_by_position(matches, b - 1))
         for g in gammas:
             rounds = chain_rounds(matches, g)
             produced[g].append((sum(rounds), len(rounds)))
-    out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
+    out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total,
+           f"acceptance_by_position_gamma{b - 1}": by_position(positions)}
     for g in gammas:
         tau = report.ratio_interval(produced[g])
         out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]

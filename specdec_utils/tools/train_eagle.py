@@ -202,13 +202,38 @@ def chain_rounds(matches: torch.Tensor, gamma: int) -> list[int]:
 
 
 @torch.no_grad()
+def acceptance_by_position(matches: torch.Tensor, gamma: int) -> tuple[list[int], list[int]]:
+    """The rounds of `chain_rounds`, counted by draft position: `reached[k]`, the rounds whose first k drafts were all
+    accepted and whose (k+1)-th draft lies inside the continuation; `accepted[k]`, those of them that accepted it.
+    accepted[k] / reached[k] is the conditional acceptance of position k + 1."""
+    reached, accepted, m, count = [0] * gamma, [0] * gamma, 0, matches.shape[0]
+    while m < count - 1:
+        k = 0
+        while k < gamma and m + 1 + k < count:
+            reached[k] += 1
+            if not bool(matches[m, k]):
+                break
+            accepted[k] += 1
+            k += 1
+        m += k + 1
+    return reached, accepted
+
+
+def by_position(pairs: list[tuple[list[int], list[int]]]) -> dict:
+    """`acceptance_by_position` summed over prompts: the counts and each position's rate."""
+    reached = [sum(col) for col in zip(*(r for r, _ in pairs))]
+    accepted = [sum(col) for col in zip(*(a for _, a in pairs))]
+    return {"reached": reached, "accepted": accepted,
+            "rate": [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]}
+
+
 def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations: list[list[int]],
              gammas=(4, 6)) -> dict:
     """First-token agreement and chain tau (gamma 4 and 6: tokens per drafting round) on the target's greedy
     continuations, exact for greedy decoding: the unrolled forward's step k at the round's last committed entry
     is the k-th draft when the earlier ones were right."""
     steps = max(gammas)
-    first, total = 0, 0
+    first, total, positions = 0, 0, []
     produced = {g: [] for g in gammas}
     for row, cont in zip(rows, continuations):
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
@@ -230,10 +255,12 @@ def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations
                     matches[m, k] = bool(guesses[n + m - 1, k] == ids[0, pos])
         first += int(matches[:-1, 0].sum())
         total += max(count - 1, 0)
+        positions.append(acceptance_by_position(matches, steps))
         for g in gammas:
             rounds = chain_rounds(matches, g)
             produced[g].append((sum(rounds), len(rounds)))
-    out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total}
+    out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total,
+           f"acceptance_by_position_gamma{steps}": by_position(positions)}
     for g in gammas:
         tau = report.ratio_interval(produced[g])
         out[f"tau_gamma{g}"], out[f"tau_gamma{g}_interval"] = tau.value, [tau.low, tau.high]
