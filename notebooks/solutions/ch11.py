@@ -22,7 +22,7 @@ ANSWERS = {
        "decode-time pass has.",
     2: "A greedy round at gamma keeps draft i only if drafts 1..i were all right, so with per-slot agreements "
        "a_1..a_gamma it commits 1 + a_1 + a_1 a_2 + ... + a_1...a_gamma tokens on average (`expected_tau`). From the "
-       "longest-trained drafter's last training batch this predicts more than its held-out tau (the script prints "
+       "longest single-GPU run's last training batch this predicts more than its held-out tau (the script prints "
        "both). The training agreement compares argmaxes inside the draft vocabulary, so where the target's own "
        "choice lies outside it a 'match' is no match; it is measured on one batch of training text, which the "
        "target wrote in bfloat16, against held-out prompts in float32; and a held-out round near the end of a "
