@@ -55,7 +55,6 @@ from .engine import Proposal, draw_chain
 from .policies import DraftingPolicy
 
 FILE = "drafter.safetensors"
-BLOCK_NAME = "block-drafter"  # the shipped drafter (data/models), trained by tools/train_block on four GPUs
 
 
 class _BlockLayer(nn.Module):
@@ -221,8 +220,8 @@ class BlockDrafter(Float32Rotary):
 
 
 def load_block(name_or_path, target) -> BlockDrafter:
-    """A drafter saved by `BlockDrafter.save` (a name under data/models, such as `BLOCK_NAME`, or a folder),
-    attached to `target`."""
+    """A drafter saved by `BlockDrafter.save` (a name under data/models, such as the shipped "block-drafter", or a
+    folder), attached to `target`."""
     path = Path(name_or_path)
     if not path.exists():
         require_data()

@@ -201,7 +201,6 @@ def chain_rounds(matches: torch.Tensor, gamma: int) -> list[int]:
     return produced
 
 
-@torch.no_grad()
 def acceptance_by_position(matches: torch.Tensor, gamma: int) -> tuple[list[int], list[int]]:
     """The rounds of `chain_rounds`, counted by draft position: `reached[k]`, the rounds whose first k drafts were all
     accepted and whose (k+1)-th draft lies inside the continuation; `accepted[k]`, those of them that accepted it.
@@ -227,6 +226,7 @@ def by_position(pairs: list[tuple[list[int], list[int]]]) -> dict:
             "rate": [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]}
 
 
+@torch.no_grad()
 def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations: list[list[int]],
              gammas=(4, 6)) -> dict:
     """First-token agreement and chain tau (gamma 4 and 6: tokens per drafting round) on the target's greedy
