@@ -398,3 +398,22 @@ def test_acceptance_by_position_counts_the_rounds_chain_rounds_walks():
         pairs.append((reached, accepted))
     pooled = by_position(pairs)
     assert pooled["reached"][0] >= pooled["reached"][-1] and all(0.4 < r < 0.8 for r in pooled["rate"][:3])
+
+
+def test_earlier_head_note_renders_the_shipped_heads_recorded_comparison(tmp_path):
+    """The sentence under committed runs that predate the shipped head: its facts are the config's `replaced` entry and
+    the paired measurement it names (recomputed here from that file), and a head that replaced none gets no note."""
+    shipped = eagle.MODELS_DIR / eagle.EAGLE_NAME
+    config = json.loads((shipped / "config.json").read_text())
+    before = config["replaced"]
+    where = before["measured"]
+    measured = json.loads((eagle.REPO_ROOT / where["file"]).read_text())[where["entry"]]
+    note = eagle.earlier_head_note("These runs")
+    assert note.startswith(f"These runs used the EAGLE head the course shipped until {before['until']}")
+    assert f"({before['trained_steps']:,} training steps)" in note
+    assert f"{config['trained_steps'] - before['trained_steps']:,} steps further" in note
+    assert f"drafts {measured['heads'][where['now']]['tau_gamma6']:.2f} tokens per round" in note
+    assert f"earlier head's {measured['heads'][where['before']]['tau_gamma6']:.2f}" in note
+    assert measured["heads"][where["now"]]["tau_gamma6"] > measured["heads"][where["before"]]["tau_gamma6"]
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "replaced"}))
+    assert eagle.earlier_head_note("These runs", tmp_path) == ""

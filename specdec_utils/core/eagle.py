@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import MODELS_DIR, has_weights, unpacked
-from ..utils import require_data
+from ..utils import REPO_ROOT, require_data
 from .checks import is_count, require
 from .engine import Proposal, draw_chain
 from .graphs import GraphCache
@@ -360,6 +360,29 @@ def load_eagle(name_or_path, target) -> EagleHead:
     head.to(device=target.device, dtype=next(target.parameters()).dtype)
     head.name, head.trained_steps, head.log = path.name, config.get("trained_steps", 0), config.get("log", {})
     return head
+
+
+def earlier_head_note(runs: str, path=None) -> str:
+    """One sentence for committed runs made before the shipped head's current weights: `runs` (their name, e.g.
+    "These H100 runs") used the head it replaced. The facts come from the head's config (`replaced`: that head's
+    training steps, until when it shipped, and the committed paired measurement of both heads on the held-out
+    prompts). Empty when the head at `path` (default: the shipped one) replaced none."""
+    folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
+    config = json.loads((folder / "config.json").read_text())
+    before = config.get("replaced")
+    if not before:
+        return ""
+    where = before["measured"]
+    measured = json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
+    old, new = (measured["heads"][where[k]]["tau_gamma6"] for k in ("before", "now"))
+    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau_gamma6"]
+    return (f"{runs} used the EAGLE head the course shipped until {before['until']} ({before['trained_steps']:,} "
+            f"training steps). The head shipped now was trained "
+            f"{config.get('trained_steps', 0) - before['trained_steps']:,} steps further, with the acceptance-aware "
+            f"objective (kl+lk), and drafts {new:.2f} tokens per round at γ = 6 on the "
+            f"{measured['heads'][where['now']]['prompts']} held-out prompts against the earlier head's {old:.2f} "
+            f"({diff:+.2f}, 95% interval {low:+.2f} to {high:+.2f}, paired by prompt, float32): these runs' EAGLE rows "
+            f"come from a head that accepted fewer tokens.")
 
 
 # --------------------------------------------------------------------------- decode time

@@ -476,21 +476,29 @@ def device_loop_cpu_table() -> str:
 
 
 def eagle_tau_table() -> str:
-    """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees, with the training
-    stages behind each head (data/bench/eagle_stages_h200.json) and the highest tau of each head with its interval."""
+    """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees: the shipped head's run,
+    then the earlier run of the head shipped before it and of a copy trained further on an H200 (its stages in
+    data/bench/eagle_stages_h200.json), with the highest tau of each head with its interval."""
     from . import eagle_tau
-    decoded, stages = _load("eagle_tau_cpu_float32.json"), _load("eagle_stages_h200.json")
-    shapes = {s["name"]: s for s in decoded["shapes"]}
-    label = {"shipped": "shipped", "stage5": "trained further (stages 4-5 on an H200; not shipped)"}
+    stages = _load("eagle_stages_h200.json")
+    runs = [(_load("eagle_tau_cpu_float32.json"), {"shipped": "shipped"}),
+            (_load("eagle_tau_stages_cpu_float32.json"),
+             {"shipped": "shipped until 2026-11-28", "stage5": "trained further (stages 4-5 on an H200; not shipped)"})]
     lines = ["| head | training steps | drafting | tau per target pass | tau per drafting round | outputs equal to "
-             "`ar`'s |", "|---|---|---|---|---|---|"]
-    for r in eagle_tau.summarize(decoded):
-        steps = decoded["heads"][r["head"]]["trained_steps"]
-        lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | {eagle_tau.describe(shapes[r['shape']])} | "
-                     f"{r['tau']:.2f} | {r['tau_round']:.2f} | {r['same_as_ar']}/{r['prompts']} |")
-    best = [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
-            f"{b['tau_round'].value:.2f} ({b['tau_round'].low:.2f}-{b['tau_round'].high:.2f})"
-            for b in eagle_tau.best_per_head(decoded)]
+             "`ar`'s | measured on |", "|---|---|---|---|---|---|---|"]
+    best = []
+    for decoded, label in runs:
+        shapes = {s["name"]: s for s in decoded["shapes"]}
+        where = f"{decoded['device'].split(',')[0]}, {decoded['date']}"
+        for r in eagle_tau.summarize(decoded):
+            steps = decoded["heads"][r["head"]]["trained_steps"]
+            lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | "
+                         f"{eagle_tau.describe(shapes[r['shape']])} | {r['tau']:.2f} | {r['tau_round']:.2f} | "
+                         f"{r['same_as_ar']}/{r['prompts']} | {where} |")
+        best += [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
+                 f"{b['tau_round'].value:.2f} ({b['tau_round'].low:.2f}-{b['tau_round'].high:.2f})"
+                 for b in eagle_tau.best_per_head(decoded)]
+    decoded = runs[0][0]
     last = stages["stages"][-1]
     board = _load("tree_graph_device_budget_h100.json")
     rates = report.rates_by_repeat(board["records"])
@@ -499,16 +507,16 @@ def eagle_tau_table() -> str:
     taus = {m: report.tokens_per_target_call([r for r in board["records"] if r["method"] == m]) for m in (big, small)}
     cost = (f"\n\nWhat the larger tree costs ({board['device']}, bfloat16, notebook 09's device loop compiled whole "
             f"with notebook 08's kernel, {board['prompts']} held-out prompts, {len(board['repeats'])} repeats "
-            f"interleaved, the shipped head; `data/bench/tree_graph_device_budget_h100.json`): tree 7x10x60 tau "
-            f"{taus[big]:.2f} and {board['anatomy'][big]['round_ms']:.2f} GPU ms per round, tree {board['tree']} tau "
-            f"{taus[small]:.2f} and {board['anatomy'][small]['round_ms']:.2f} ms; by wall time the larger tree is "
-            f"{pair[0]:.2fx} of the smaller over the repeats, {pair[1]:.2fx} over prompts "
+            f"interleaved, the head shipped until 2026-11-28; `data/bench/tree_graph_device_budget_h100.json`): tree "
+            f"7x10x60 tau {taus[big]:.2f} and {board['anatomy'][big]['round_ms']:.2f} GPU ms per round, tree "
+            f"{board['tree']} tau {taus[small]:.2f} and {board['anatomy'][small]['round_ms']:.2f} ms; by wall time the "
+            f"larger tree is {pair[0]:.2fx} of the smaller over the repeats, {pair[1]:.2fx} over prompts "
             f"({report.verdict_both(pair)}).")
     return (f"Decoded greedy, {decoded['dtype']}, {len(decoded['prompts'])} held-out prompts x "
-            f"{decoded['max_new_tokens']} tokens, {decoded['device']}, torch {decoded['torch']}, transformers "
-            f"{decoded['transformers']}, {decoded['date']}. Tree DxWxN: depth D, the W best nodes expanded per "
-            f"level, N drafted nodes kept (7x10x60: the nearest shape to EAGLE-2's default budget, total_token 60, "
-            f"depth 7, top_k 10 in SafeAILab/EAGLE). The further-trained head's last stage: "
+            f"{decoded['max_new_tokens']} tokens, on a 2-core CPU (the shipped head's run: {decoded['device']}, torch "
+            f"{decoded['torch']}, transformers {decoded['transformers']}). Tree DxWxN: depth D, the W best nodes "
+            f"expanded per level, N drafted nodes kept (7x10x60: the nearest shape to EAGLE-2's default budget, "
+            f"total_token 60, depth 7, top_k 10 in SafeAILab/EAGLE). The further-trained head's last stage: "
             f"{last['device']}, {last['tokens_seen'] / 1e6:.0f} M token slots in {last['seconds']:.0f} s, "
             f"replayed chain tau {last['eval']['tau_gamma4']:.2f} / {last['eval']['tau_gamma6']:.2f} at gamma "
             f"4 / 6.\n\n"
