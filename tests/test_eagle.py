@@ -412,7 +412,7 @@ def test_earlier_head_note_renders_the_shipped_heads_recorded_comparison(tmp_pat
     assert note.startswith(f"These runs used the EAGLE head the course shipped until {before['until']}")
     assert f"({before['trained_steps']:,} training steps)" in note
     assert f"{config['trained_steps'] - before['trained_steps']:,} steps further" in note
-    assert f"drafts {measured['heads'][where['now']]['tau_gamma6']:.2f} tokens per round" in note
+    assert f"keeps {measured['heads'][where['now']]['tau_gamma6']:.2f} tokens per drafting round" in note
     assert f"earlier head's {measured['heads'][where['before']]['tau_gamma6']:.2f}" in note
     assert measured["heads"][where["now"]]["tau_gamma6"] > measured["heads"][where["before"]]["tau_gamma6"]
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "replaced"}))

@@ -379,7 +379,7 @@ def earlier_head_note(runs: str, path=None) -> str:
     return (f"{runs} used the EAGLE head the course shipped until {before['until']} ({before['trained_steps']:,} "
             f"training steps). The head shipped now was trained "
             f"{config.get('trained_steps', 0) - before['trained_steps']:,} steps further, with the acceptance-aware "
-            f"objective (kl+lk), and drafts {new:.2f} tokens per round at γ = 6 on the "
+            f"objective (kl+lk), and keeps {new:.2f} tokens per drafting round at γ = 6 on the "
             f"{measured['heads'][where['now']]['prompts']} held-out prompts against the earlier head's {old:.2f} "
             f"({diff:+.2f}, 95% interval {low:+.2f} to {high:+.2f}, paired by prompt, float32): these runs' EAGLE rows "
             f"come from a head that accepted fewer tokens.")
