@@ -199,6 +199,9 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     import subprocess
     import sys
 
+    from specdec_utils.core.eagle import earlier_head_note as eagle_note
+    from specdec_utils.models import MODELS_DIR
+
     def run(*args):
         done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
                                "--prompts", "1", "--max-new-tokens", "8", *args], capture_output=True, text=True,
@@ -218,6 +221,13 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     board = json.loads((tmp_path / "board.json").read_text())
     assert board["gammas"]["greedy (device)"] == tune["best"]["greedy (device)"]
     assert board["tree"] == tune["best"]["eagle (device)"]
+    shipped = json.loads((MODELS_DIR / "eagle-head" / "config.json").read_text())
+    assert board["eagle_head"] == tune["eagle_head"] and board["eagle_head"]["from"] == "eagle-head"
+    assert board["eagle_head"]["trained_steps"] == shipped["trained_steps"]  # the head each run measured, recorded
+    assert eagle_note("These runs", used=board["eagle_head"]) == ""  # the shipped head: no earlier-head note
+    run("--part", "merge", "--inputs", f"{tmp_path / 'board.json'},{tmp_path / 'board.json'}",
+        "--out", str(tmp_path / "merged.json"))
+    assert json.loads((tmp_path / "merged.json").read_text())["eagle_head"] == board["eagle_head"]
     assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
                                                         "eagle (device)", "ar (engine)", "greedy (engine)",
                                                         "eagle-chain (engine)", "ar (device, float32)",

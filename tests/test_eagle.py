@@ -414,6 +414,11 @@ def test_earlier_head_note_renders_the_shipped_heads_recorded_comparison(tmp_pat
     assert f"{config['trained_steps'] - before['trained_steps']:,} steps further" in note
     assert f"keeps {measured['heads'][where['now']]['tau_gamma6']:.2f} tokens per drafting round" in note
     assert f"earlier head's {measured['heads'][where['before']]['tau_gamma6']:.2f}" in note
+    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau_gamma6"]
+    assert f"({diff:+.2f}, 95% interval {low:+.2f} to {high:+.2f}, paired by prompt" in note and low <= diff <= high
     assert measured["heads"][where["now"]]["tau_gamma6"] > measured["heads"][where["before"]]["tau_gamma6"]
+    # runs that recorded their head: the note only when it was the replaced one
+    assert eagle.earlier_head_note("These runs", used={"weights_sha256": before["weights_sha256"]}) == note
+    assert eagle.earlier_head_note("These runs", used={"weights_sha256": "0" * 16}) == ""
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "replaced"}))
     assert eagle.earlier_head_note("These runs", tmp_path) == ""

@@ -35,6 +35,7 @@ tests use on tiny random models); `load_eagle("eagle-head", target)` loads the s
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import weakref
@@ -362,15 +363,24 @@ def load_eagle(name_or_path, target) -> EagleHead:
     return head
 
 
-def earlier_head_note(runs: str, path=None) -> str:
+def head_facts(head, where: str) -> dict:
+    """What identifies a head: where it came from, its training steps and a hash of its weights' file (what a
+    committed run records, so that a later reader knows which head it measured)."""
+    path = Path(where) if Path(where).exists() else MODELS_DIR / where
+    digest = hashlib.sha256((unpacked(path) / "head.safetensors").read_bytes()).hexdigest()  # packed: same bytes
+    return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
+
+
+def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
     """One sentence for committed runs made before the shipped head's current weights: `runs` (their name, e.g.
     "These H100 runs") used the head it replaced. The facts come from the head's config (`replaced`: that head's
     training steps, until when it shipped, and the committed paired measurement of both heads on the held-out
-    prompts). Empty when the head at `path` (default: the shipped one) replaced none."""
+    prompts). Empty when the head at `path` (default: the shipped one) replaced none, or when the runs recorded
+    the head they used (`used`, as `head_facts` writes it) and it is not the replaced one."""
     folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
     config = json.loads((folder / "config.json").read_text())
     before = config.get("replaced")
-    if not before:
+    if not before or (used is not None and used.get("weights_sha256") != before["weights_sha256"]):
         return ""
     where = before["measured"]
     measured = json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]

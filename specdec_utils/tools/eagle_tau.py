@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import re
 import sys
@@ -35,9 +34,9 @@ import torch
 import transformers
 
 from .. import report
-from ..core.eagle import MODELS_DIR, load_eagle
+from ..core.eagle import head_facts, load_eagle
 from ..core.methods import generate
-from ..models import load_model, unpacked
+from ..models import load_model
 from ..prompts import build_prompts, format_prompt
 
 METHODS = ("eagle-chain", "eagle")
@@ -76,13 +75,6 @@ def parse_heads(text: str) -> dict[str, str]:
     if not heads:
         raise ValueError("heads: at least one LABEL=NAME_OR_PATH")
     return heads
-
-
-def head_facts(head, where: str) -> dict:
-    """What identifies a head: where it came from, its training steps and a hash of its weights' file."""
-    path = Path(where) if Path(where).exists() else MODELS_DIR / where
-    digest = hashlib.sha256((unpacked(path) / "head.safetensors").read_bytes()).hexdigest()  # packed: same bytes
-    return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
 
 
 def measure(target, tokenizer, heads: dict, shapes: list[dict], rows: list[dict], max_new_tokens: int,

@@ -479,11 +479,14 @@ def eagle_tau_table() -> str:
     """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees: the shipped head's run,
     then the earlier run of the head shipped before it and of a copy trained further on an H200 (its stages in
     data/bench/eagle_stages_h200.json), with the highest tau of each head with its interval."""
+    from ..models import MODELS_DIR
     from . import eagle_tau
     stages = _load("eagle_stages_h200.json")
+    until = json.loads((MODELS_DIR / "eagle-head" / "config.json").read_text())["replaced"]["until"]
+    earlier = f"earlier head (shipped until {until})"
     runs = [(_load("eagle_tau_cpu_float32.json"), {"shipped": "shipped"}),
             (_load("eagle_tau_stages_cpu_float32.json"),
-             {"shipped": "shipped until 2026-11-28", "stage5": "trained further (stages 4-5 on an H200; not shipped)"})]
+             {"shipped": earlier, "stage5": "trained further (stages 4-5 on an H200; not shipped)"})]
     lines = ["| head | training steps | drafting | tau per target pass | tau per drafting round | outputs equal to "
              "`ar`'s | measured on |", "|---|---|---|---|---|---|---|"]
     best = []
@@ -507,7 +510,7 @@ def eagle_tau_table() -> str:
     taus = {m: report.tokens_per_target_call([r for r in board["records"] if r["method"] == m]) for m in (big, small)}
     cost = (f"\n\nWhat the larger tree costs ({board['device']}, bfloat16, notebook 09's device loop compiled whole "
             f"with notebook 08's kernel, {board['prompts']} held-out prompts, {len(board['repeats'])} repeats "
-            f"interleaved, the head shipped until 2026-11-28; `data/bench/tree_graph_device_budget_h100.json`): tree "
+            f"interleaved, the {earlier}; `data/bench/tree_graph_device_budget_h100.json`): tree "
             f"7x10x60 tau {taus[big]:.2f} and {board['anatomy'][big]['round_ms']:.2f} GPU ms per round, tree "
             f"{board['tree']} tau {taus[small]:.2f} and {board['anatomy'][small]['round_ms']:.2f} ms; by wall time the "
             f"larger tree is {pair[0]:.2fx} of the smaller over the repeats, {pair[1]:.2fx} over prompts "

@@ -48,7 +48,7 @@ import transformers
 
 from .. import report
 from ..core.device_loop import DeviceLoop, DeviceTreeLoop
-from ..core.eagle import EAGLE_NAME, load_eagle
+from ..core.eagle import EAGLE_NAME, head_facts, load_eagle
 from ..core.medusa import load_heads
 from ..core.methods import generate
 from ..core.plain_llama import PlainRunner
@@ -331,7 +331,8 @@ def device_tune(args, tokenizer, _rows) -> dict:
     out = {"split": "train", "prompts": len(rows), "capacity": next(iter(loops.values())).capacity,
            "temperature": args.temperature,
            "categories": sorted({row["category"] for row in rows}),
-           "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {}}
+           "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {},
+           "eagle_head": head_facts(eagle, args.eagle)}
     ar_label = _label("ar", args.attention)
     ar = loops.pop(ar_label)
     base = report.tokens_per_second(_run_loop(ar, ar_label, encoded, rows, args.max_new_tokens, eos,
@@ -409,6 +410,7 @@ def device_board(args, tokenizer, rows) -> dict:
            "order": "interleaved: prompt by prompt, each prompt through every loop, the order rotated per prompt",
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
+           "eagle_head": head_facts(eagle, args.eagle),
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
@@ -484,7 +486,7 @@ def merge_boards(paths: list[str], note: str = "") -> dict:
     for path in paths:
         with open(path) as f:
             runs.append(json.load(f))
-    for key in ("gammas", "tree", "prompts", "max_new_tokens", "device", "torch", "transformers"):
+    for key in ("gammas", "tree", "prompts", "max_new_tokens", "device", "torch", "transformers", "eagle_head"):
         if len({json.dumps(run.get(key)) for run in runs}) > 1:
             raise SystemExit(f"tree_graph_bench: the boards to merge differ in {key!r}: "
                              + ", ".join(str(run.get(key)) for run in runs))
@@ -496,6 +498,8 @@ def merge_boards(paths: list[str], note: str = "") -> dict:
                for m, times in first["anatomy"].items()}
     out = {k: first[k] for k in ("split", "prompts", "max_new_tokens", "gammas", "tree", "device", "torch",
                                  "transformers")}
+    if first.get("eagle_head"):  # the head the runs measured (boards before it was recorded lack it)
+        out["eagle_head"] = first["eagle_head"]
     out.update(part="device-board", date=max(run["date"] for run in runs), anatomy=anatomy, repeats=repeats,
                records=records, repeats_completed=len(repeats), prepare_s=[run["prepare_s"] for run in runs],
                runs=[{"file": path.rsplit("/", 1)[-1], **{k: run.get(k) for k in (
