@@ -228,6 +228,18 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     run("--part", "merge", "--inputs", f"{tmp_path / 'board.json'},{tmp_path / 'board.json'}",
         "--out", str(tmp_path / "merged.json"))
     assert json.loads((tmp_path / "merged.json").read_text())["eagle_head"] == board["eagle_head"]
+    other = dict(board, eagle_head=dict(board["eagle_head"], weights_sha256="0" * 16))  # a run of another head
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    refused = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--part", "merge",
+                              "--inputs", f"{tmp_path / 'board.json'},{tmp_path / 'other.json'}",
+                              "--out", str(tmp_path / "mixed.json")], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "differ in 'eagle_head'" in refused.stderr + refused.stdout
+    (tmp_path / "tune_other.json").write_text(json.dumps(dict(tune, eagle_head=other["eagle_head"])))
+    refused = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+                              "--prompts", "1", "--max-new-tokens", "8", "--part", "device-board", "--repeats", "1",
+                              "--tuned", str(tmp_path / "tune_other.json"), "--out", str(tmp_path / "b2.json")],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "tuned another EAGLE head" in refused.stderr
     assert {r["method"] for r in board["records"]} == {"ar (device)", "greedy (device)", "eagle-chain (device)",
                                                         "eagle (device)", "ar (engine)", "greedy (engine)",
                                                         "eagle-chain (engine)", "ar (device, float32)",

@@ -422,3 +422,21 @@ def test_earlier_head_note_renders_the_shipped_heads_recorded_comparison(tmp_pat
     assert eagle.earlier_head_note("These runs", used={"weights_sha256": "0" * 16}) == ""
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "replaced"}))
     assert eagle.earlier_head_note("These runs", tmp_path) == ""
+
+
+def test_head_facts_name_a_head_without_private_paths(tmp_path):
+    """What a committed run records about its head: a name under data/models as given, a folder inside the
+    repository by its path there, any other folder by its own name (never a path of the machine it ran on)."""
+    import shutil
+    from types import SimpleNamespace
+
+    head = SimpleNamespace(trained_steps=7)
+    shipped = eagle.MODELS_DIR / eagle.EAGLE_NAME
+    by_name = eagle.head_facts(head, eagle.EAGLE_NAME)
+    assert by_name["from"] == eagle.EAGLE_NAME and by_name["trained_steps"] == 7
+    assert len(by_name["weights_sha256"]) == 16
+    inside = eagle.head_facts(head, str(shipped))
+    assert inside == dict(by_name, **{"from": str(shipped.relative_to(eagle.REPO_ROOT))})
+    shutil.copytree(shipped, tmp_path / "my-head")
+    outside = eagle.head_facts(head, str(tmp_path / "my-head"))
+    assert outside == dict(by_name, **{"from": "my-head"})  # same weights, same hash

@@ -368,6 +368,8 @@ def head_facts(head, where: str) -> dict:
     committed run records, so that a later reader knows which head it measured)."""
     path = Path(where) if Path(where).exists() else MODELS_DIR / where
     digest = hashlib.sha256((unpacked(path) / "head.safetensors").read_bytes()).hexdigest()  # packed: same bytes
+    if Path(where).is_absolute():  # a folder of this machine: named inside the repository, or by its own name
+        where = str(path.resolve().relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT) else path.name
     return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
 
 
@@ -376,11 +378,13 @@ def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
     "These H100 runs") used the head it replaced. The facts come from the head's config (`replaced`: that head's
     training steps, until when it shipped, and the committed paired measurement of both heads on the held-out
     prompts). Empty when the head at `path` (default: the shipped one) replaced none, or when the runs recorded
-    the head they used (`used`, as `head_facts` writes it) and it is not the replaced one."""
+    the head they used (`used`, as `head_facts` writes it) and it is not the replaced one; runs that recorded none
+    (`used` None or without a hash) predate the field and are taken to have used the replaced head."""
     folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
     config = json.loads((folder / "config.json").read_text())
     before = config.get("replaced")
-    if not before or (used is not None and used.get("weights_sha256") != before["weights_sha256"]):
+    recorded = (used or {}).get("weights_sha256")
+    if not before or (recorded is not None and recorded != before.get("weights_sha256")):
         return ""
     where = before["measured"]
     measured = json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]

@@ -385,6 +385,11 @@ def device_board(args, tokenizer, rows) -> dict:
     the engine's graphed step; on the CPU (where the round runs op by op), the course's engine running `ar` and the
     same two chains. `--repeats` times."""
     target, draft, eagle, encoded, capacity, loops, prepare_s = _device_setup(args, tokenizer, rows, torch.bfloat16)
+    head = head_facts(eagle, args.eagle)
+    stale = [path for path, sha in args.tuned_heads.items() if sha != head["weights_sha256"]]
+    if stale:  # gammas tuned with another head than the one on the board
+        raise SystemExit(f"tree_graph_bench: {', '.join(stale)} tuned another EAGLE head than --eagle {args.eagle} "
+                         f"(weights {head['weights_sha256']}); tune again with this head, or pass the head it tuned")
     record = args.device == "cuda"
     t0 = time.perf_counter() - prepare_s
     target32 = None
@@ -410,7 +415,7 @@ def device_board(args, tokenizer, rows) -> dict:
            "order": "interleaved: prompt by prompt, each prompt through every loop, the order rotated per prompt",
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
-           "eagle_head": head_facts(eagle, args.eagle),
+           "eagle_head": head,
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
@@ -569,11 +574,15 @@ def main(argv=None) -> int:
             json.dump(merged, f, separators=(",", ":"))
         print(f"wrote {args.out}: {merged['repeats_completed']} repeats from {len(merged['runs'])} runs")
         return 0
+    tuned_heads = args.tuned_heads = {}  # device-board refuses gammas tuned with another head
     if args.tuned:
         best = {}
         for path in args.tuned.split(","):  # a later file's choice wins
             with open(path) as f:
-                best.update(json.load(f)["best"])
+                tune = json.load(f)
+            best.update(tune["best"])
+            if tune.get("eagle_head"):
+                tuned_heads[path] = tune["eagle_head"]["weights_sha256"]
         args.gamma_greedy = best.get(f"{_chain(args.temperature)} (device)", args.gamma_greedy)
         for attention in ("sdpa", "triton"):  # a tune of either attention (the last file's choice wins)
             args.gamma_greedy = best.get(_label(_chain(args.temperature), attention), args.gamma_greedy)
