@@ -373,6 +373,18 @@ def head_facts(head, where: str) -> dict:
     return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
 
 
+def replaced_head(path=None) -> tuple[dict, dict] | None:
+    """The head that the one at `path` (default: the shipped one) replaced: its config's `replaced` entry (training
+    steps, weights' hash, until when it shipped) and the committed paired measurement of both heads that the entry
+    names (`heads`, `paired`). None when it replaced none."""
+    folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
+    before = json.loads((folder / "config.json").read_text()).get("replaced")
+    if not before:
+        return None
+    where = before["measured"]
+    return before, json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
+
+
 def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
     """One sentence for committed runs made before the shipped head's current weights: `runs` (their name, e.g.
     "These H100 runs") used the head it replaced. The facts come from the head's config (`replaced`: that head's
@@ -381,13 +393,13 @@ def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
     the head they used (`used`, as `head_facts` writes it) and it is not the replaced one; runs that recorded none
     (`used` None or without a hash) predate the field and are taken to have used the replaced head."""
     folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
-    config = json.loads((folder / "config.json").read_text())
-    before = config.get("replaced")
+    found = replaced_head(folder)
     recorded = (used or {}).get("weights_sha256")
-    if not before or (recorded is not None and recorded != before.get("weights_sha256")):
+    if found is None or (recorded is not None and recorded != found[0].get("weights_sha256")):
         return ""
+    before, measured = found
     where = before["measured"]
-    measured = json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
+    config = json.loads((folder / "config.json").read_text())
     old, new = (measured["heads"][where[k]]["tau_gamma6"] for k in ("before", "now"))
     diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau_gamma6"]
     return (f"{runs} used the EAGLE head the course shipped until {before['until']} ({before['trained_steps']:,} "

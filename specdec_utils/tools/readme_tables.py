@@ -479,11 +479,10 @@ def eagle_tau_table() -> str:
     """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees: the shipped head's run,
     then the earlier run of the head shipped before it and of a copy trained further on an H200 (its stages in
     data/bench/eagle_stages_h200.json), with the highest tau of each head with its interval."""
-    from ..models import MODELS_DIR
+    from ..core.eagle import replaced_head
     from . import eagle_tau
     stages = _load("eagle_stages_h200.json")
-    until = json.loads((MODELS_DIR / "eagle-head" / "config.json").read_text())["replaced"]["until"]
-    earlier = f"earlier head (shipped until {until})"
+    earlier = f"earlier head (shipped until {replaced_head()[0]['until']})"
     runs = [(_load("eagle_tau_cpu_float32.json"), {"shipped": "shipped"}),
             (_load("eagle_tau_stages_cpu_float32.json"),
              {"shipped": earlier, "stage5": "trained further (stages 4-5 on an H200; not shipped)"})]
