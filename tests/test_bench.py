@@ -98,6 +98,22 @@ def test_invalid_prompts_file(capsys, tmp_path):
     assert code == 2 and f"argument --prompts: {path}:2: not valid JSON" in err and err.count("\n") == 1
 
 
+def test_per_category_picks_the_balanced_subset_and_excludes_a_prompts_file(capsys, tmp_path):
+    """--per-category K reads eval_subset(K) (the committed GPU board's 40 prompts are K = 8); with --prompts too,
+    or K < 1, one error line."""
+    from specdec_utils.prompts import eval_subset
+    from specdec_utils.tools import bench as bench_tool
+    rows = bench_tool.read_prompts(None, 8)
+    assert [r["id"] for r in rows] == [r["id"] for r in eval_subset(8)] and len(rows) == 40
+    assert [r["id"] for r in bench_tool.read_prompts(None)] == [r["id"] for r in eval_subset(2)]
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 1, "prompt": "ok"}\n')
+    for argv, message in ((["--prompts", str(path), "--per-category", "3"], "give one of them, not both"),
+                          (["--per-category", "0"], "argument --per-category: .*>= 1")):
+        code, out, err = run_main(capsys, argv)
+        assert code == 2 and out == "" and re.search(message, err) and err.count("\n") == 1, err
+
+
 def test_out_must_not_be_a_folder(capsys, tmp_path):
     code, _, err = run_main(capsys, ["--out", str(tmp_path)])
     assert code == 2 and "argument --out:" in err and err.count("\n") == 1

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", type=Path, default=None,
                         help="JSONL file, one {\"id\", \"prompt\"[, \"chat\"]} per line "
                              "(default: a small category-balanced eval subset)")
+    parser.add_argument("--per-category", type=_type(_at_least(1), "an integer >= 1"), default=None,
+                        help="instead of --prompts: K held-out prompts of each category (prompts.eval_subset; "
+                             "the default subset is K = 2)")
     parser.add_argument("--max-new-tokens", type=_type(_at_least(1), "an integer >= 1"), default=64)
     parser.add_argument("--gamma", type=_type(_at_least(1), "an integer >= 1"), default=4,
                         help="the draft length of the fixed-length methods (greedy, sampling, the trees' depth, "
@@ -186,9 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_prompts(path: Path | None) -> list[dict]:
+def read_prompts(path: Path | None, per_category: int | None = None) -> list[dict]:
+    if path is not None and per_category is not None:
+        raise UsageError("arguments --prompts and --per-category: give one of them, not both")
     if path is None:
-        return eval_subset()
+        return eval_subset(per_category or 2)
     try:
         return load_prompts(path)
     except (OSError, ValueError) as err:
@@ -467,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.out is not None and args.out.is_dir():
             raise UsageError(f"argument --out: {args.out} is a folder; give a file name such as bench.json")
-        rows = read_prompts(args.prompts)
+        rows = read_prompts(args.prompts, args.per_category)
         dtype = DTYPES[args.dtype]
         target, tokenizer = load(args.target, "--target", args.device, dtype)
         params = {}

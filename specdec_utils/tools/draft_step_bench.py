@@ -1,8 +1,9 @@
 """What one draft step costs: the EAGLE head's against the draft model's and the target's (notebook 07).
 
 A draft step is one token through the drafter with its cache: for `draft-m` a forward of its four layers, for
-the EAGLE head one entry through its single layer plus the lm_head rows of its vocabulary. Both run eagerly
-(the engine's default path) at a realistic cache length; the target's eager step is the unit. Median of
+the EAGLE head one entry through its single layer plus the lm_head rows of its vocabulary. All run eagerly at a
+realistic cache length; the target's eager step is the unit. On a GPU the head is also timed replayed from a CUDA
+graph ("eagle-head, graphed"), which is how the engine runs its steps there by default. Median of
 `--repeats` after warm-up, synchronised on a GPU, every model timed side by side in one run, spread printed.
 
     python -m specdec_utils.tools.draft_step_bench --device cuda --out data/bench/draft_step_h100.json
@@ -66,17 +67,19 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
             runner.forward(torch.cat([ids, ids[:, :1]], 1))
             runner.rollback(context)
         out[name] = time_steps(step, device, repeats)
-    proposer = EagleProposer(head)
     features = torch.randn(context, len(head.features) * head.hidden_size, device=device, dtype=dtype)
-    proposer.observe_target(features[:-1])
-    h, _ = proposer._catch_up(ids)
-    fed = proposer.cache.length
+    # eager, like the two models above; on a GPU also replayed from a CUDA graph, the proposer's default there
+    for name, graphs in (("eagle-head", False),) + ((("eagle-head, graphed", True),) if device.type == "cuda" else ()):
+        proposer = EagleProposer(head, graphs=graphs)
+        proposer.observe_target(features[:-1])
+        h, _ = proposer._catch_up(ids)
+        fed = proposer.cache.length
 
-    def head_step():
-        allowed = torch.ones(1, fed + 1, dtype=torch.bool, device=device)
-        proposer.step(h[None], ids[0, :1], torch.tensor([fed], device=device), allowed, own=True)
-        proposer.cache.length = fed
-    out["eagle-head"] = time_steps(head_step, device, repeats)
+        def head_step(proposer=proposer, h=h, fed=fed):
+            allowed = torch.ones(1, fed + 1, dtype=torch.bool, device=device)
+            proposer.step(h[None], ids[0, :1], torch.tensor([fed], device=device), allowed, own=True)
+            proposer.cache.length = fed
+        out[name] = time_steps(head_step, device, repeats)
     runner = runners["target"]  # its cache holds the context already
     for k in verify:
         wide = torch.cat([ids, ids[:, :k]], 1)
@@ -114,9 +117,9 @@ def main(argv=None) -> int:
               "repeats": args.repeats, "steps": result,
               "command": "python -m specdec_utils.tools.draft_step_bench " + " ".join(argv or sys.argv[1:])}
     for name, r in result.items():
-        print(f"{name:<11} median {r['median_ms']:.2f} ms (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f})")
+        print(f"{name:<19} median {r['median_ms']:.2f} ms (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f})")
     ratio = result["eagle-head"]["median_ms"] / result["draft-m"]["median_ms"]
-    print(f"EAGLE head step / draft-m step: {ratio:.2f}")
+    print(f"EAGLE head step / draft-m step, both eager: {ratio:.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1))
