@@ -299,3 +299,19 @@ def test_draft_step_bench_times_wider_passes_and_whole_block_rounds(monkeypatch)
     assert set(steps) == {"target", "draft-m", "eagle-head", "target x3", "block-drafter"}
     assert all(0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"] for s in steps.values())
     assert rounds == [(3, 3)] * (20 + 2)  # 20 warm-up calls, 2 timed; every round drafts all 3 slots
+
+
+@pytest.mark.slow
+def test_draft_step_bench_times_the_head_eager_unless_asked_for_its_graph(monkeypatch):
+    """The "eagle-head" row is the head's step eager, like the models beside it (on a GPU the proposer records its
+    steps as CUDA graphs unless told not to); "eagle-head, graphed" only with graphed=True on a CUDA device."""
+    from specdec_utils.tools import draft_step_bench
+    built = []
+    proposer = draft_step_bench.EagleProposer
+
+    def spy(head, *args, **kwargs):
+        built.append(kwargs.get("graphs"))
+        return proposer(head, *args, **kwargs)
+    monkeypatch.setattr(draft_step_bench, "EagleProposer", spy)
+    steps = draft_step_bench.measure(torch.device("cpu"), torch.float32, context=16, repeats=2, graphed=True)
+    assert built == [False] and "eagle-head, graphed" not in steps  # no CUDA here: the eager row alone

@@ -80,3 +80,22 @@ def test_a_recorded_loop_survives_its_buffers_growing(models):
         ids = prompts()[1]
         reference = generate(target, ids, 400, method="ar").new_token_ids
         assert loop.generate(ids, 400).new_token_ids == reference and loop.capacity > 128, name
+
+
+@pytest.mark.slow
+def test_draft_step_bench_times_the_heads_graph_beside_its_eager_step():
+    """On a GPU `graphed=True` adds the head's step replayed from a CUDA graph; the eager row records no graph."""
+    from specdec_utils.tools import draft_step_bench
+    made = []
+    proposer = draft_step_bench.EagleProposer
+
+    def keep(head, *args, **kwargs):
+        made.append(proposer(head, *args, **kwargs))
+        return made[-1]
+    draft_step_bench.EagleProposer = keep
+    try:
+        steps = draft_step_bench.measure(torch.device("cuda"), torch.bfloat16, context=16, repeats=3, graphed=True)
+    finally:
+        draft_step_bench.EagleProposer = proposer
+    assert {"eagle-head", "eagle-head, graphed"} <= set(steps)
+    assert [p.graphs for p in made] == [False, True] and len(made[0]._graphs) == 0 < len(made[1]._graphs)

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: a small category-balanced eval subset)")
     parser.add_argument("--per-category", type=_type(_at_least(1), "an integer >= 1"), default=None,
                         help="instead of --prompts: K held-out prompts of each category (prompts.eval_subset; "
-                             "the default subset is K = 2)")
+                             "a category with fewer gives all it has; the default subset is K = 2)")
     parser.add_argument("--max-new-tokens", type=_type(_at_least(1), "an integer >= 1"), default=64)
     parser.add_argument("--gamma", type=_type(_at_least(1), "an integer >= 1"), default=4,
                         help="the draft length of the fixed-length methods (greedy, sampling, the trees' depth, "

@@ -6,7 +6,7 @@ realistic cache length; the target's eager step is the unit. On a GPU the head i
 graph ("eagle-head, graphed"), which is how the engine runs its steps there by default. Median of
 `--repeats` after warm-up, synchronised on a GPU, every model timed side by side in one run, spread printed.
 
-    python -m specdec_utils.tools.draft_step_bench --device cuda --out data/bench/draft_step_h100.json
+    python -m specdec_utils.tools.draft_step_bench --device cuda --out data/bench/draft_step_h200.json
 """
 from __future__ import annotations
 
@@ -47,12 +47,13 @@ def time_steps(step, device, repeats: int, warmup: int = 20) -> list[float]:
 
 @torch.inference_mode()
 def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m",
-            verify=(), block_size: int = 0, markov_rank: int = 0) -> dict:
+            verify=(), block_size: int = 0, markov_rank: int = 0, graphed: bool = False) -> dict:
     """Median and spread (ms) of one eager step of the target, `draft_name` and the EAGLE head at a cache of
     `context` tokens; with `verify` (token counts k) also the target's pass over k new tokens ("target xk"), and
     with `block_size` one round of a block drafter of that shape ("block-drafter": its one pass over the context
     and the walk of its block_size - 1 slots, `BlockProposer.propose`). A step's cost does not depend on the
-    weights: the block drafter is an untrained one of the head's draft vocabulary."""
+    weights: the block drafter is an untrained one of the head's draft vocabulary. With `graphed` on a CUDA device also
+    the head's step replayed from a CUDA graph ("eagle-head, graphed"), as the engine runs it there by default."""
     target, _ = load_model("smollm2-135m", device=device, dtype=dtype)
     draft, _ = load_model(draft_name, device=device, dtype=dtype)
     head = load_eagle(head_name, target)
@@ -69,7 +70,8 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
         out[name] = time_steps(step, device, repeats)
     features = torch.randn(context, len(head.features) * head.hidden_size, device=device, dtype=dtype)
     # eager, like the two models above; on a GPU also replayed from a CUDA graph, the proposer's default there
-    for name, graphs in (("eagle-head", False),) + ((("eagle-head, graphed", True),) if device.type == "cuda" else ()):
+    graphed = graphed and device.type == "cuda"
+    for name, graphs in (("eagle-head", False),) + ((("eagle-head, graphed", True),) if graphed else ()):
         proposer = EagleProposer(head, graphs=graphs)
         proposer.observe_target(features[:-1])
         h, _ = proposer._catch_up(ids)
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    result = measure(device, getattr(torch, args.dtype), args.context, args.repeats, args.head, args.draft)
+    result = measure(device, getattr(torch, args.dtype), args.context, args.repeats, args.head, args.draft,
+                     graphed=True)
     record = {"device": device_summary(device), "dtype": args.dtype, "context": args.context,
               "repeats": args.repeats, "steps": result,
               "command": "python -m specdec_utils.tools.draft_step_bench " + " ".join(argv or sys.argv[1:])}
