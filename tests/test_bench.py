@@ -216,6 +216,25 @@ def test_hierarchical_methods_run_from_the_command_line(capsys, prompts_file, tm
             assert record["small_calls"] == (0 if small == "ngram" else detail["small_forwards"])
 
 
+def test_eagle_rows_record_the_head_they_measured(capsys, prompts_file, tmp_path):
+    """Each `eagle` and `eagle-chain` record names its head (where from, training steps, the weights' hash), so that
+    a lesson can tell a run of the shipped head from one of the head it replaced; `ar`'s records name none."""
+    from specdec_utils.core.eagle import eagle_head_for, head_facts
+    from specdec_utils.models import tiny_model
+    head = eagle_head_for(tiny_model("tiny-llama", vocab_size=49152), seed=3)
+    head.save(tmp_path / "head")
+    out_file = tmp_path / "records.json"
+    code, _, err = run_main(capsys, ["--target", "tiny-llama", "--methods", "ar,eagle-chain,eagle", "--eagle",
+                                     str(tmp_path / "head"), "--prompts", str(prompts_file), "--max-new-tokens", "6",
+                                     "--device", "cpu", "--out", str(out_file)])
+    assert code == 0, err
+    records = json.loads(out_file.read_text())
+    facts = head_facts(head, str(tmp_path / "head"))
+    assert facts["from"] == "head" and len(facts["weights_sha256"]) == 16  # no private path
+    assert [r.get("eagle_head") for r in records] == [None if r["method"] == "ar" else facts for r in records]
+    assert {r["method"] for r in records if "eagle_head" in r} == {"eagle-chain", "eagle"}
+
+
 def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
     """`--heads` (a folder of saved heads), `--tree-nodes` and `--prune` reach both tree methods; greedy
     output is the target's; records name the heads and carry the tree statistics."""

@@ -34,7 +34,7 @@ from transformers.utils import logging as hf_logging
 from .. import report
 from ..compat import full_vocab_config
 from ..core import methods as engine_methods
-from ..core.eagle import EAGLE_NAME, load_eagle
+from ..core.eagle import EAGLE_NAME, head_facts, load_eagle
 from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
 from ..core.runner import ModelRunner
@@ -528,6 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
                             args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small,
                             heads=heads, eagle=eagle)
+    if eagle is not None:  # which head the EAGLE rows measured (lessons compare it with the shipped one)
+        facts = head_facts(eagle, args.eagle)
+        for record in records:
+            if record["engine_method"] in EAGLE_METHODS:
+                record["eagle_head"] = facts
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
