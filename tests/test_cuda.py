@@ -83,7 +83,7 @@ def test_a_recorded_loop_survives_its_buffers_growing(models):
 
 
 @pytest.mark.slow
-def test_draft_step_bench_times_the_heads_graph_beside_its_eager_step():
+def test_draft_step_bench_times_the_heads_graph_beside_its_eager_step(monkeypatch):
     """On a GPU `graphed=True` adds the head's step replayed from a CUDA graph; the eager row records no graph."""
     from specdec_utils.tools import draft_step_bench
     made = []
@@ -92,10 +92,7 @@ def test_draft_step_bench_times_the_heads_graph_beside_its_eager_step():
     def keep(head, *args, **kwargs):
         made.append(proposer(head, *args, **kwargs))
         return made[-1]
-    draft_step_bench.EagleProposer = keep
-    try:
-        steps = draft_step_bench.measure(torch.device("cuda"), torch.bfloat16, context=16, repeats=3, graphed=True)
-    finally:
-        draft_step_bench.EagleProposer = proposer
+    monkeypatch.setattr(draft_step_bench, "EagleProposer", keep)
+    steps = draft_step_bench.measure(torch.device("cuda"), torch.bfloat16, context=16, repeats=3, graphed=True)
     assert {"eagle-head", "eagle-head, graphed"} <= set(steps)
     assert [p.graphs for p in made] == [False, True] and len(made[0]._graphs) == 0 < len(made[1]._graphs)
