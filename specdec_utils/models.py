@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import lzma
 import os
 import shutil
@@ -165,6 +166,40 @@ def weights_facts(where) -> dict:
         where = (str(path.resolve().relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT)
                  else path.resolve().name)
     return {"from": str(where), "weights_sha256": h.hexdigest()[:16]}
+
+
+def replaced_draft(name: str = "draft-m", folder=None) -> tuple[dict, dict] | None:
+    """The draft that the one shipped as `name` (or saved in `folder`) replaced: its training log's `replaced` entry
+    (the earlier weights' hash, until when they shipped, the committed paired measurement that compares both) and
+    that measurement (`drafts`, `paired`). None when it replaced none."""
+    folder = Path(folder) if folder is not None else MODELS_DIR / name
+    log = folder / "training_log.json"
+    before = json.loads(log.read_text()).get("replaced") if log.is_file() else None
+    if not before:
+        return None
+    where = before["measured"]
+    return before, json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
+
+
+def earlier_draft_note(runs: str, used: dict | None = None, name: str = "draft-m", folder=None) -> str:
+    """One sentence for committed runs made with the draft that the shipped `name` replaced (the draft keeps its
+    name; its weights changed): `runs` names them (e.g. "These H100 runs"). Empty when the shipped draft replaced
+    none, or when the runs recorded the weights they used (`used`, as `weights_facts` writes it) and those are not
+    the replaced ones; runs that recorded none (`used` None or without a hash) predate the field and are taken to
+    have used the replaced draft."""
+    found = replaced_draft(name, folder)
+    recorded = (used or {}).get("weights_sha256")
+    if found is None or (recorded is not None and recorded != found[0]["weights_sha256"]):
+        return ""
+    before, measured = found
+    where = before["measured"]
+    old, new = (measured["drafts"][where[k]] for k in ("before", "now"))
+    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau"]
+    return (f"{runs} used the `{name}` the course shipped until {before['until']}. The `{name}` shipped now was "
+            f"trained further and keeps {new['tau']:.2f} tokens per round at γ = {new['gamma']} on the "
+            f"{new['prompts']} held-out prompts against the earlier one's {old['tau']:.2f} ({diff:+.2f}, 95% interval "
+            f"{low:+.2f} to {high:+.2f}, paired by prompt, {new['dtype']}): these runs' `{name}` rows come from a "
+            "draft that accepted fewer tokens.")
 
 
 _digests: dict[tuple, str] = {}  # (path, size, mtime) of the packed files -> their digest, per process
