@@ -219,19 +219,22 @@ def tree_attention_table() -> str:
 
 def drafts_table() -> str:
     lines = ["| draft | shape | parameters | per-token greedy agreement | tau at gamma 4 (greedy) "
-             "| a = 1 - TV(p, q) at T = 1 | trained on |",
-             "|---|---|---|---|---|---|---|"]
+             "| a = 1 - TV(p, q) at T = 1 | draft measured in | trained on |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in ("draft-s", "draft-m"):
         log = json.loads((MODELS / name / "training_log.json").read_text())
         shape, ev = log["shape"], log["eval"]
+        before = log.get("continued_from")
+        went_on = f", going on from a draft trained on {before['corpus_tokens'] / 1e6:.1f} M tokens" if before else ""
         lines.append(f"| `{name}` | {shape['num_hidden_layers']} layers, width {shape['hidden_size']} | "
                      f"{log['parameters'] / 1e6:.1f} M | {ev['agreement']:.3f} | {ev['tau']:.2f} | "
-                     f"{ev['alpha_tv']:.3f} | {log['device']}, {log['corpus_sequences']:,} sequences "
-                     f"({log['corpus_tokens'] / 1e6:.1f} M tokens) |")
+                     f"{ev['alpha_tv']:.3f} | {ev.get('dtype', 'bfloat16')} ({ev['positions']:,} positions) | "
+                     f"{log['device']}, {log['corpus_sequences']:,} sequences "
+                     f"({log['corpus_tokens'] / 1e6:.1f} M tokens){went_on} |")
     ev = json.loads((MODELS / "draft-m" / "training_log.json").read_text())["eval"]
     return (f"Held-out: {ev['prompts']} evaluation prompts, teacher-forced on the target's greedy "
-            f"{ev['new_tokens']}-token "
-            f"continuations ({ev['positions']:,} positions), draft in bf16.\n\n" + "\n".join(lines))
+            f"{ev['new_tokens']}-token continuations, as each draft's training run computed them on its own GPU (their "
+            "lengths, the positions, differ a little).\n\n" + "\n".join(lines))
 
 
 def heads_table() -> str:
