@@ -261,9 +261,9 @@ def test_rows_record_the_draft_weights_they_measured(capsys, prompts_file, tmp_p
     other = tmp_path / "other-draft"
     tiny_model("tiny-llama", vocab_size=49152, seed=5).save_pretrained(other)
     rows = [{"id": "story", "prompt": "Once upon a time"}]
-    records = bench.run_benchmark(target, None, tokenizer, rows, ["ar", bench.Variant("mine", "greedy", draft=str(other))],
-                                  4, 2, 0.0, 1.0, 0, dtype_name="float32", device="cpu",
-                                  drafts={str(other): tiny_model("tiny-llama", vocab_size=49152, seed=5)})
+    mine = bench.Variant("mine", "greedy", draft=str(other))
+    records = bench.run_benchmark(target, None, tokenizer, rows, ["ar", mine], 4, 2, 0.0, 1.0, 0, dtype_name="float32",
+                                  device="cpu", drafts={str(other): tiny_model("tiny-llama", vocab_size=49152, seed=5)})
     assert [r.get("draft_weights") for r in records] == [None, weights_facts(str(other))]
     assert weights_facts(str(other))["weights_sha256"] != facts["weights_sha256"]
 

@@ -218,4 +218,5 @@ def test_weights_facts_name_the_weights_packed_or_not(tmp_path, cache, monkeypat
     assert models.weights_facts(str(folder)) == {**plain, "from": "draft-m"}
     tiny_draft(seed=2).save_pretrained(folder)  # retrained in place: the name stays, the hash does not
     assert models.weights_facts("draft-m")["weights_sha256"] != plain["weights_sha256"]
-    assert models.weights_facts("HuggingFaceTB/SmolLM2-360M-Instruct") == {"from": "HuggingFaceTB/SmolLM2-360M-Instruct"}
+    hub = "HuggingFaceTB/SmolLM2-360M-Instruct"
+    assert models.weights_facts(hub) == {"from": hub}
