@@ -200,7 +200,7 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     import sys
 
     from specdec_utils.core.eagle import earlier_head_note as eagle_note
-    from specdec_utils.models import MODELS_DIR
+    from specdec_utils.models import MODELS_DIR, earlier_draft_note, weights_facts
 
     def run(*args):
         done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
@@ -225,9 +225,12 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     assert board["eagle_head"] == tune["eagle_head"] and board["eagle_head"]["from"] == "eagle-head"
     assert board["eagle_head"]["trained_steps"] == shipped["trained_steps"]  # the head each run measured, recorded
     assert eagle_note("These runs", used=board["eagle_head"]) == ""  # the shipped head: no earlier-head note
+    assert board["draft_weights"] == tune["draft_weights"] == weights_facts("draft-m")  # likewise the draft's weights
+    assert earlier_draft_note("These runs", used=board["draft_weights"]) == ""
     run("--part", "merge", "--inputs", f"{tmp_path / 'board.json'},{tmp_path / 'board.json'}",
         "--out", str(tmp_path / "merged.json"))
-    assert json.loads((tmp_path / "merged.json").read_text())["eagle_head"] == board["eagle_head"]
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["eagle_head"] == board["eagle_head"] and merged["draft_weights"] == board["draft_weights"]
     other = dict(board, eagle_head=dict(board["eagle_head"], weights_sha256="0" * 16))  # a run of another head
     (tmp_path / "other.json").write_text(json.dumps(other))
     refused = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--part", "merge",

@@ -53,7 +53,7 @@ from ..core.medusa import load_heads
 from ..core.methods import generate
 from ..core.plain_llama import PlainRunner
 from ..core.runner import ModelRunner
-from ..models import load_model
+from ..models import load_model, weights_facts
 from ..prompts import build_prompts, eval_subset, format_prompt
 from .bench import run_benchmark
 
@@ -332,7 +332,7 @@ def device_tune(args, tokenizer, _rows) -> dict:
            "temperature": args.temperature,
            "categories": sorted({row["category"] for row in rows}),
            "ids": [row["id"] for row in rows], "gammas": gammas, "results": [], "best": {},
-           "eagle_head": head_facts(eagle, args.eagle)}
+           "eagle_head": head_facts(eagle, args.eagle), "draft_weights": weights_facts(args.draft)}
     ar_label = _label("ar", args.attention)
     ar = loops.pop(ar_label)
     base = report.tokens_per_second(_run_loop(ar, ar_label, encoded, rows, args.max_new_tokens, eos,
@@ -415,7 +415,7 @@ def device_board(args, tokenizer, rows) -> dict:
            "order": "interleaved: prompt by prompt, each prompt through every loop, the order rotated per prompt",
            "temperature": args.temperature,
            "gammas": {k: v.gamma for k, v in loops.items()}, "tree": args.tree,
-           "eagle_head": head,
+           "eagle_head": head, "draft_weights": weights_facts(args.draft),
            "anatomy": {k: v.anatomy(parts=_parts(args)) for k, v in loops.items()} if record else {},
            "repeats": [], "records": []}
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, seed=0,
@@ -491,7 +491,8 @@ def merge_boards(paths: list[str], note: str = "") -> dict:
     for path in paths:
         with open(path) as f:
             runs.append(json.load(f))
-    for key in ("gammas", "tree", "prompts", "max_new_tokens", "device", "torch", "transformers", "eagle_head"):
+    for key in ("gammas", "tree", "prompts", "max_new_tokens", "device", "torch", "transformers", "eagle_head",
+                "draft_weights"):
         if len({json.dumps(run.get(key)) for run in runs}) > 1:
             raise SystemExit(f"tree_graph_bench: the boards to merge differ in {key!r}: "
                              + ", ".join(str(run.get(key)) for run in runs))
@@ -505,6 +506,8 @@ def merge_boards(paths: list[str], note: str = "") -> dict:
                                  "transformers")}
     if first.get("eagle_head"):  # the head the runs measured (boards before it was recorded lack it)
         out["eagle_head"] = first["eagle_head"]
+    if first.get("draft_weights"):  # the draft weights its draft rows measured (likewise)
+        out["draft_weights"] = first["draft_weights"]
     out.update(part="device-board", date=max(run["date"] for run in runs), anatomy=anatomy, repeats=repeats,
                records=records, repeats_completed=len(repeats), prepare_s=[run["prepare_s"] for run in runs],
                runs=[{"file": path.rsplit("/", 1)[-1], **{k: run.get(k) for k in (
