@@ -26,6 +26,7 @@ import transformers
 from .. import generate, get_preset, load_model
 from ..core import static_cache
 from ..core.runner import ModelRunner
+from ..models import weights_facts
 from ..prompts import eval_subset, format_prompt
 from ..utils import REPO_ROOT
 
@@ -92,7 +93,9 @@ def run(out_path, max_new_tokens, parts):
            "date": datetime.date.today().isoformat(), "max_new_tokens": max_new_tokens,
            "cache_capacity": f"prompt + {static_cache.CHUNK}, rounded up to a multiple of {static_cache.CHUNK}",
            "timing": "host wall clock around each call after warm-up; the results' tokens are on the host, so "
-                     "every generation is complete when its clock stops"}
+                     "every generation is complete when its clock stops",
+           "draft_weights": {name: weights_facts(preset[key])  # which weights each draft name measured
+                             for name, key in (("draft-s", "draft_small"), ("draft-m", "draft_medium"))}}
 
     def save():
         with open(out_path, "w") as f:
