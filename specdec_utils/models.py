@@ -181,6 +181,14 @@ def replaced_draft(name: str = "draft-m", folder=None) -> tuple[dict, dict] | No
     return before, json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
 
 
+def recorded_weights(records, key: str = "draft_weights") -> dict | None:
+    """The weights a committed run recorded (`weights_facts`, under `key`): from a board's own field when it is one
+    dict, else from the first of its records that carries one; None when none does (a run from before the field)."""
+    if isinstance(records, dict):
+        return records.get(key)
+    return next((r[key] for r in records if r.get(key)), None)
+
+
 def earlier_draft_note(runs: str, used: dict | None = None, name: str = "draft-m", folder=None) -> str:
     """One sentence for committed runs made with the draft that the shipped `name` replaced (the draft keeps its
     name; its weights changed): `runs` names them (e.g. "These H100 runs"). Empty when the shipped draft replaced

@@ -235,3 +235,18 @@ def test_paired_difference_sees_a_small_shared_gain_that_separate_intervals_call
     assert report.paired_difference(shuffled, a).low < 0 < report.paired_difference(shuffled, a).high
     with pytest.raises(ValueError, match="same items"):
         report.paired_difference(a, b[:-1])
+
+
+def test_tables_mark_the_rows_of_the_draft_m_it_replaced():
+    """A README row measured with the `draft-m` the shipped one replaced (its records carry that hash, or none: they
+    predate the field) is marked, and the table says which draft that was; a row of today's weights is not."""
+    from specdec_utils.models import replaced_draft, weights_facts
+    before, _ = replaced_draft("draft-m")
+    rows = [{"method": "ar"}, {"method": "greedy"}]
+    assert readme_tables._earlier(rows) == readme_tables.EARLIER  # no record of the weights: the earlier draft
+    old = [{"method": "greedy", "draft_weights": {"from": "draft-m", "weights_sha256": before["weights_sha256"]}}]
+    assert readme_tables._earlier(old) == readme_tables.EARLIER
+    assert readme_tables._earlier([{"method": "greedy", "draft_weights": weights_facts("draft-m")}]) == ""
+    footer = readme_tables._earlier_footer([f"| a run{readme_tables.EARLIER} |", "| another |"])
+    assert footer.startswith("\n\nThe runs marked") and before["until"] in footer
+    assert readme_tables._earlier_footer(["| a run |"]) == ""

@@ -18,6 +18,7 @@ import re
 import sys
 
 from .. import report
+from ..models import earlier_draft_note, recorded_weights
 from ..utils import REPO_ROOT
 
 BENCH = REPO_ROOT / "data" / "bench"
@@ -55,6 +56,20 @@ BENCH_FILES = [("cpu_avx512bf16_bfloat16.json", "2-core AMD EPYC, AVX-512 BF16, 
                ("gpu_h100_float32.json", "same GPU, float32 (eager)")]
 
 
+EARLIER = " (earlier `draft-m`)"  # a row measured with the draft-m shipped before today's
+
+
+def _earlier(records) -> str:
+    """EARLIER when a run of `draft-m`'s rows recorded the weights it replaced, or none (`earlier_draft_note`)."""
+    return EARLIER if earlier_draft_note("-", used=recorded_weights(records)) else ""
+
+
+def _earlier_footer(lines: list[str]) -> str:
+    """The sentence under a table with rows marked EARLIER: which draft those runs used."""
+    marked = any(EARLIER in line for line in lines)
+    return ("\n\n" + earlier_draft_note(f"The runs marked \"{EARLIER.strip()}\"")) if marked else ""
+
+
 def bench_table() -> str:
     head = ["device, dtype", "`ar` tokens/s", "ours, greedy", "HF assisted", "ours over `ar`", "ours over HF",
             "tau (ours / HF)", "versions, date"]
@@ -65,14 +80,14 @@ def bench_table() -> str:
         methods = {r["method"] for r in records}
         hf = "hf-assisted" in methods
         ours = report.speedup(records, "greedy")
-        cells = [label, f"{_tok_s(records, 'ar'):.1f}", f"{_tok_s(records, 'greedy'):.1f}",
+        cells = [label + _earlier(records), f"{_tok_s(records, 'ar'):.1f}", f"{_tok_s(records, 'greedy'):.1f}",
                  f"{_tok_s(records, 'hf-assisted'):.1f}" if hf else "-", f"{ours:.2fx}",
                  f"{report.speedup(records, 'greedy', 'hf-assisted'):.2fx}" if hf else "-",
                  f"{report.tau(records, 'greedy').value:.2f} / "
                  + (f"{report.tau(records, 'hf-assisted').value:.2f}" if hf else "-"),
                  _versions(records)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) + _earlier_footer(lines)
 
 
 def _versions(records) -> str:
@@ -112,7 +127,8 @@ def _speedup_grid(files, *, temperature=0.0, label_of=lambda m: f"`{m}`") -> str
 
 
 def policies_table() -> str:
-    return _speedup_grid(POLICY_FILES)
+    table = _speedup_grid([(name, label + _earlier(_load(name))) for name, label in POLICY_FILES])
+    return table + _earlier_footer(table.splitlines()[:1])
 
 
 def hierarchy_table() -> str:
@@ -292,8 +308,8 @@ def leaderboard_table() -> str:
             same = f"{min(counts)}-{max(counts)} of {n}" if min(counts) != max(counts) \
                 else f"{counts[0]} of {n}, every method"
         tau = report.tau(records, chain).value
-        lines.append(f"| {label} | `{chain}` {est[chain]:.2fx} ({tau:.2f}) | {fastest} | {same} |")
-    return "\n".join(lines)
+        lines.append(f"| {label}{_earlier(records)} | `{chain}` {est[chain]:.2fx} ({tau:.2f}) | {fastest} | {same} |")
+    return "\n".join(lines) + _earlier_footer(lines)
 
 
 def runtimes_table() -> str:
