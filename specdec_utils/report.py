@@ -486,7 +486,10 @@ def _in_notebook() -> bool:
 
 
 def say(text: str) -> None:
-    """Show a sentence (markdown) rendered from measured values: as markdown in a notebook, as text elsewhere."""
+    """Show a sentence (markdown) rendered from measured values: as markdown in a notebook, as text elsewhere;
+    nothing for an empty one (a note that has nothing to say)."""
+    if not text:
+        return
     if _in_notebook():
         from IPython.display import Markdown, display
         display(Markdown(text))

@@ -250,3 +250,12 @@ def test_tables_mark_the_rows_of_the_draft_m_it_replaced():
     footer = readme_tables._earlier_footer([f"| a run{readme_tables.EARLIER} |", "| another |"])
     assert footer.startswith("\n\nThe runs marked") and before["until"] in footer
     assert readme_tables._earlier_footer(["| a run |"]) == ""
+
+
+def test_say_shows_nothing_for_an_empty_sentence(capsys, monkeypatch):
+    """A note with nothing to say (an empty string) leaves no blank output behind; any other sentence is shown."""
+    monkeypatch.setattr(report, "_in_notebook", lambda: False)
+    report.say("")
+    assert capsys.readouterr().out == ""
+    report.say("tau 2.50")
+    assert capsys.readouterr().out == "tau 2.50\n"
