@@ -203,12 +203,10 @@ def earlier_draft_note(runs: str, used: dict | None = None, name: str = "draft-m
     where = before["measured"]
     old, new = (measured["drafts"][where[k]] for k in ("before", "now"))
     diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau"]
-    return (f"{runs} used the `{name}` the course shipped until {before['until']}: every row on them that "
-            f"drafts with `{name}` comes from a draft that accepted fewer tokens. The `{name}` shipped now was "
-            f"trained further; paired by prompt with the earlier one on a CPU ({new['dtype']}, γ = {new['gamma']}, "
-            f"the {new['prompts']} held-out prompts), it keeps {new['tau']:.3f} tokens per drafting round against "
-            f"{old['tau']:.3f} ({diff:+.3f}, 95% interval {low:+.3f} to {high:+.3f}). A board's τ, on its own "
-            "prompts and dtype, is another measurement.")
+    return (f"{runs} used the `{name}` shipped until {before['until']}; every row drafting with it there had a "
+            f"draft that accepts fewer tokens: {old['tau']:.3f} tokens per drafting round against today's "
+            f"{new['tau']:.3f} ({diff:+.3f}, 95% interval {low:+.3f} to {high:+.3f}; paired on a CPU, {new['dtype']}, "
+            f"γ = {new['gamma']}, the {new['prompts']} held-out prompts, not a board's).")
 
 
 _digests: dict[tuple, str] = {}  # (path, size, mtime) of the packed files -> their digest, per process

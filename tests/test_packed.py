@@ -240,8 +240,9 @@ def test_earlier_draft_note_names_runs_of_the_replaced_weights(tmp_path, monkeyp
         "weights_sha256": "0123456789abcdef", "until": "2026-11-29",
         "measured": {"file": "m.json", "entry": "entry", "before": "a", "now": "b"}}}))
     note = models.earlier_draft_note("These H100 runs", folder=folder)
-    assert note.startswith("These H100 runs used the `draft-m` the course shipped until 2026-11-29:")
-    assert "2.560 tokens per drafting round against 2.380" in note and "+0.180, 95% interval +0.140 to +0.230" in note
+    assert note.startswith("These H100 runs used the `draft-m` shipped until 2026-11-29;")
+    assert "2.380 tokens per drafting round against today's 2.560" in note
+    assert "+0.180, 95% interval +0.140 to +0.230" in note
     old = {"from": "draft-m", "weights_sha256": "0123456789abcdef"}
     assert models.earlier_draft_note("These H100 runs", used=old, folder=folder) == note
     assert models.earlier_draft_note("These H100 runs", used={"from": "draft-m"}, folder=folder) == note  # no hash
