@@ -2,14 +2,16 @@
 (now `generate` with method "greedy" / "ar") give the tokens that the pre-refactor code gave,
 recorded in tests/data/pinned_outputs.json by the code of commit c6a2099: greedy float32 and
 seeded sampling (temperature, top-k, top-p), tiny models of two families and the real target with
-both shipped drafts."""
+both shipped drafts. The file names the draft weights its real rows used (`draft_weights`): when a draft is
+retrained, its rows are recorded again by c6a2099's code with the new weights (a worktree of that commit with the
+new `model.safetensors` in its `data/models/<name>/`), as `draft-m`'s were on 2026-11-29."""
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from specdec_utils.models import load_model
+from specdec_utils.models import load_model, weights_facts
 from specdec_utils.prompts import eval_subset, format_prompt
 from specdec_utils.speculative import autoregressive_generate, speculative_generate
 
@@ -47,6 +49,9 @@ def test_tiny_models_give_the_pinned_tokens(family_models):
 
 @pytest.mark.slow
 def test_real_target_gives_the_pinned_tokens():
+    for name, pinned in PINNED["draft_weights"].items():
+        assert weights_facts(name)["weights_sha256"] == pinned, (
+            f"{name}'s weights changed since its rows were pinned ({pinned}): record them again (module docstring)")
     target, tokenizer = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
     rows = {row["id"]: row for row in eval_subset(1)}
     drafts = {}
