@@ -189,15 +189,27 @@ def recorded_weights(records, key: str = "draft_weights") -> dict | None:
     return next((r[key] for r in records if r.get(key)), None)
 
 
+def _replaced_if_used(used: dict | None, name: str, folder) -> tuple[dict, dict] | None:
+    """`replaced_draft(name, folder)` when runs that recorded `used` (or nothing) ran on those replaced weights."""
+    found = replaced_draft(name, folder)
+    recorded = (used or {}).get("weights_sha256")
+    return None if found is None or (recorded is not None and recorded != found[0]["weights_sha256"]) else found
+
+
+def used_earlier_draft(used: dict | None = None, name: str = "draft-m", folder=None) -> bool:
+    """Whether runs that recorded the weights `used` (None: they predate the field) ran on the draft that the shipped
+    `name` replaced: exactly when `earlier_draft_note` has something to say."""
+    return _replaced_if_used(used, name, folder) is not None
+
+
 def earlier_draft_note(runs: str, used: dict | None = None, name: str = "draft-m", folder=None) -> str:
     """One sentence for committed runs made with the draft that the shipped `name` replaced (the draft keeps its
     name; its weights changed): `runs` names them (e.g. "These H100 runs"). Empty when the shipped draft replaced
     none, or when the runs recorded the weights they used (`used`, as `weights_facts` writes it) and those are not
     the replaced ones; runs that recorded none (`used` None or without a hash) predate the field and are taken to
     have used the replaced draft."""
-    found = replaced_draft(name, folder)
-    recorded = (used or {}).get("weights_sha256")
-    if found is None or (recorded is not None and recorded != found[0]["weights_sha256"]):
+    found = _replaced_if_used(used, name, folder)
+    if found is None:
         return ""
     before, measured = found
     where = before["measured"]

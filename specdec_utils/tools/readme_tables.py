@@ -18,7 +18,7 @@ import re
 import sys
 
 from .. import report
-from ..models import earlier_draft_note, recorded_weights
+from ..models import earlier_draft_note, recorded_weights, used_earlier_draft
 from ..utils import REPO_ROOT
 
 BENCH = REPO_ROOT / "data" / "bench"
@@ -61,7 +61,7 @@ EARLIER = " (earlier `draft-m`)"  # a row measured with the draft-m shipped befo
 
 def _earlier(records) -> str:
     """EARLIER when a run of `draft-m`'s rows recorded the weights it replaced, or none (`earlier_draft_note`)."""
-    return EARLIER if earlier_draft_note("-", used=recorded_weights(records)) else ""
+    return EARLIER if used_earlier_draft(recorded_weights(records)) else ""
 
 
 def _earlier_footer(lines: list[str]) -> str:

@@ -504,10 +504,9 @@ def merge_boards(paths: list[str], note: str = "") -> dict:
                for m, times in first["anatomy"].items()}
     out = {k: first[k] for k in ("split", "prompts", "max_new_tokens", "gammas", "tree", "device", "torch",
                                  "transformers")}
-    if first.get("eagle_head"):  # the head the runs measured (boards before it was recorded lack it)
-        out["eagle_head"] = first["eagle_head"]
-    if first.get("draft_weights"):  # the draft weights its draft rows measured (likewise)
-        out["draft_weights"] = first["draft_weights"]
+    for key in ("eagle_head", "draft_weights"):  # the head and draft weights the runs measured (older boards lack them)
+        if first.get(key):
+            out[key] = first[key]
     out.update(part="device-board", date=max(run["date"] for run in runs), anatomy=anatomy, repeats=repeats,
                records=records, repeats_completed=len(repeats), prepare_s=[run["prepare_s"] for run in runs],
                runs=[{"file": path.rsplit("/", 1)[-1], **{k: run.get(k) for k in (
