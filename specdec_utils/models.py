@@ -36,7 +36,7 @@ LOCAL_DRAFTS = ("draft-s", "draft-m")
 NGRAM_NAME = "ngram"  # the zero-cost bottom level of notebook 05 (`ngram.NgramDraft`), for the SmolLM2 tokenizer
 TINY_MODELS = ("tiny-llama", "tiny-gpt2")
 PACKED = ".xz"  # a weight file NAME stored lzma-packed as NAME.xz (`pack`), read through `unpacked`
-# lzma's default preset: 9 | PRESET_EXTREME packed draft-m only 0.7% smaller (10.44 vs 10.52 MB) and eagle-head larger
+# lzma's default preset: 9 | PRESET_EXTREME packs draft-m only 0.5% smaller (10.45 vs 10.50 MB) and eagle-head larger
 PACK_PRESET = 6
 HUB_EXAMPLES = ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct",
                 "HuggingFaceTB/SmolLM2-1.7B-Instruct", "distilgpt2", "gpt2-medium")
@@ -154,7 +154,8 @@ def weights_facts(where) -> dict:
     inside the repository, or by its own name, never by this machine's path) and `weights_sha256`, the first 16 hex
     digits of sha256 over its `*.safetensors` files' bytes in name order (a packed file: the bytes it unpacks to).
     A name with no folder here (a hub id, a tiny test model, the embedded target) is recorded by name alone."""
-    path = Path(where) if Path(where).is_dir() else MODELS_DIR / str(where)
+    given_folder = Path(where).is_dir()
+    path = Path(where) if given_folder else MODELS_DIR / str(where)
     if not path.is_dir():
         return {"from": str(where)}
     h = hashlib.sha256()
@@ -162,7 +163,7 @@ def weights_facts(where) -> dict:
         with open(f, "rb") as stream:
             for chunk in iter(lambda: stream.read(1 << 20), b""):
                 h.update(chunk)
-    if Path(where).is_dir():
+    if given_folder:
         where = (str(path.resolve().relative_to(REPO_ROOT)) if path.resolve().is_relative_to(REPO_ROOT)
                  else path.resolve().name)
     return {"from": str(where), "weights_sha256": h.hexdigest()[:16]}

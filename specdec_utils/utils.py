@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -105,6 +107,24 @@ def synchronize(device=None) -> None:
             torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def _public_path(word: str) -> str:
+    """`word`, or the path it names written without this machine's folders (see `command_line`)."""
+    if not word.startswith("/"):
+        return word
+    path = Path(word).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else (path.name or word)
+
+
+def command_line(module: str, argv: list[str] | None = None, world: int | None = None) -> str:
+    """The shell command that reruns a tool, for its JSON record: `python -m MODULE ARGS` (ARGS: `argv`, or this
+    process's own when None), or `torchrun --nproc_per_node WORLD -m MODULE ARGS` for a copy of a `world`-GPU run.
+    Arguments are shell-quoted, so a note with spaces pastes back as one argument; an absolute path is written
+    relative to the repository when it lies inside it, else by its name alone (this machine's folders stay private)."""
+    words = [_public_path(w) for w in (sys.argv[1:] if argv is None else argv)]
+    launcher = "python" if world is None else f"torchrun --nproc_per_node {world}"
+    return f"{launcher} -m {module} {shlex.join(words)}".rstrip()
 
 
 @contextmanager

@@ -2,8 +2,10 @@
 stderr with exit status 2, and a tiny end-to-end run writes the records it promises."""
 import json
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,11 +247,16 @@ def test_rows_record_the_draft_weights_they_measured(capsys, prompts_file, tmp_p
     tiny_model("tiny-llama", vocab_size=49152, seed=4).save_pretrained(tmp_path / "my-draft")
     AutoTokenizer.from_pretrained(ensure_target_cache()).save_pretrained(tmp_path / "my-draft")
     out_file = tmp_path / "records.json"
-    code, _, err = run_main(capsys, ["--target", "tiny-llama", "--draft", str(tmp_path / "my-draft"), "--methods",
-                                     "ar,greedy,sampling,hf-prompt-lookup", "--prompts", str(prompts_file),
-                                     "--max-new-tokens", "6", "--device", "cpu", "--out", str(out_file)])
+    argv = ["--target", "tiny-llama", "--draft", str(tmp_path / "my-draft"), "--methods",
+            "ar,greedy,sampling,hf-prompt-lookup", "--prompts", str(prompts_file),
+            "--max-new-tokens", "6", "--device", "cpu", "--out", str(out_file)]
+    code, _, err = run_main(capsys, argv)
     assert code == 0, err
     records = json.loads(out_file.read_text())
+    # and the command that measures them again, the same on every row, naming no folder of this machine
+    assert {shlex.join(shlex.split(r["command"])[:3]) for r in records} == {"python -m specdec_utils.bench"}
+    public = [Path(w).name if Path(w).is_absolute() else w for w in argv]  # (pytest's folders lie outside)
+    assert [shlex.split(r["command"])[3:] for r in records] == [public] * len(records)
     facts = weights_facts(str(tmp_path / "my-draft"))
     assert facts["from"] == "my-draft" and len(facts["weights_sha256"]) == 16  # no private path
     drafted = {"greedy", "sampling"}

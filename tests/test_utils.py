@@ -107,3 +107,22 @@ def test_save_figure(tmp_path, monkeypatch):
     quick_path = utils.save_figure(fig, "99_test_plot")
     assert utils.FIGURES_DIR not in quick_path.parents
     plt.close(fig)
+
+
+def test_command_line_pastes_back_as_the_same_arguments(monkeypatch):
+    """A tool's recorded command reruns it: the arguments given (or the process's own), shell-quoted so that one
+    with spaces stays one; a copy of a torchrun job records the torchrun launch."""
+    import shlex
+
+    from specdec_utils.utils import command_line
+    argv = ["--note", "two H200 runs, merged", "--out", "x.json"]
+    line = command_line("specdec_utils.tools.tree_graph_bench", argv)
+    assert shlex.split(line) == ["python", "-m", "specdec_utils.tools.tree_graph_bench", *argv]
+    assert shlex.split(command_line("m", argv, world=4)) == ["torchrun", "--nproc_per_node", "4", "-m", "m", *argv]
+    monkeypatch.setattr("sys.argv", ["x.py", "--steps", "3"])
+    assert command_line("m") == "python -m m --steps 3"
+    assert command_line("m", []) == "python -m m"  # no arguments given: none recorded, not the process's own
+    # paths: inside the repository relative to it, elsewhere by name alone
+    inside, outside = str(utils.REPO_ROOT / "data" / "bench" / "x.json"), "/home/someone/ferry/corpus.pt"
+    assert shlex.split(command_line("m", ["--out", inside, "--corpus", outside, "--n", "3"]))[3:] == [
+        "--out", "data/bench/x.json", "--corpus", "corpus.pt", "--n", "3"]

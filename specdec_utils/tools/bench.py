@@ -42,7 +42,7 @@ from ..core.runner import ModelRunner
 from ..core.static_cache import supports_static_cache
 from ..models import UnknownModelError, load_model, weights_facts
 from ..prompts import eval_subset, format_prompt, load_prompts
-from ..utils import device_summary, get_device, quick_mode, timer
+from ..utils import command_line, device_summary, get_device, quick_mode, timer
 
 HF_METHODS = ("hf-assisted", "hf-assisted-heuristic", "hf-prompt-lookup")
 # the engine's methods, their earlier names (`greedy`: `draft` at temperature 0 whatever --temperature says;
@@ -546,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
             for record in records:
                 if uses(record["engine_method"]) and key not in record:  # (not a variant's own draft)
                     record[key] = facts
+    command = command_line("specdec_utils.bench", argv)  # how to measure these rows again
+    for record in records:
+        record["command"] = command
     print(summary_table(records))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

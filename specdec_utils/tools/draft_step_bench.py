@@ -24,7 +24,7 @@ from ..core.eagle import EAGLE_NAME, EagleProposer, load_eagle
 from ..core.engine import Sampler
 from ..core.runner import ModelRunner
 from ..models import load_model
-from ..utils import device_summary
+from ..utils import command_line, device_summary
 
 
 def _sync(device):
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
                      graphed=True)
     record = {"device": device_summary(device), "dtype": args.dtype, "context": args.context,
               "repeats": args.repeats, "steps": result,
-              "command": "python -m specdec_utils.tools.draft_step_bench " + " ".join(argv or sys.argv[1:])}
+              "command": command_line("specdec_utils.tools.draft_step_bench", argv)}
     for name, r in result.items():
         print(f"{name:<19} median {r['median_ms']:.2f} ms (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f})")
     ratio = result["eagle-head"]["median_ms"] / result["draft-m"]["median_ms"]

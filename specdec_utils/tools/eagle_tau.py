@@ -38,6 +38,7 @@ from ..core.eagle import head_facts, load_eagle
 from ..core.methods import generate
 from ..models import load_model
 from ..prompts import build_prompts, format_prompt
+from ..utils import command_line
 
 METHODS = ("eagle-chain", "eagle")
 CHAIN_MAX = 6  # the best chain is taken among chains of at most this many drafts
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
     cpu = report.cpu_info()
     device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
               else f"{cpu['model']}, {cpu['cores']} cores, CPU kind {cpu['kind']}")
-    result.update({"command": "python -m specdec_utils.tools.eagle_tau " + " ".join(argv or sys.argv[1:]),
+    result.update({"command": command_line("specdec_utils.tools.eagle_tau", argv),
                    "device": device, "dtype": args.dtype, "split": "eval", "max_new_tokens": args.max_new_tokens,
                    "heads": {label: head_facts(h, where[label]) for label, h in heads.items()},
                    "shapes": shapes, "date": datetime.date.today().isoformat(), "torch": torch.__version__,

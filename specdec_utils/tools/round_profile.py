@@ -14,10 +14,11 @@ import argparse
 import collections
 import datetime
 import json
-import sys
 import time
 
 import torch
+
+from ..utils import command_line
 
 
 def smollm2_shaped(dtype=torch.bfloat16):
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     head = load_eagle(args.eagle, target)
     out = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "capacity": args.capacity,
-           "command": "python -m specdec_utils.tools.round_profile " + " ".join(sys.argv[1:] if argv is None else argv),
+           "command": command_line("specdec_utils.tools.round_profile", argv),
            "loops": {}}
     with torch.no_grad():
         for spec in args.loops.split(","):

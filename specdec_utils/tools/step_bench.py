@@ -29,7 +29,7 @@ import transformers
 
 from ..core.runner import ModelRunner, attention_backends
 from ..models import load_model
-from ..utils import REPO_ROOT
+from ..utils import REPO_ROOT, command_line
 from .write_corpus import WINDOW, StaticDecoder
 
 
@@ -137,8 +137,8 @@ def main(argv=None) -> int:
     res = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "transformers": transformers.__version__, "iters": args.iters,
            "repeats": args.repeats, "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth,
-           "floor_ms": weights / bandwidth * 1e3, "command": "python -m specdec_utils.tools.step_bench "
-           + " ".join(sys.argv[1:] if argv is None else argv), "steps": []}
+           "floor_ms": weights / bandwidth * 1e3, "command": command_line("specdec_utils.tools.step_bench", argv),
+           "steps": []}
     print(f"weights {weights / 1e6:.0f} MB, copy bandwidth {bandwidth / 1e12:.2f} TB/s: floor "
           f"{res['floor_ms']:.3f} ms", flush=True)
     with torch.inference_mode():

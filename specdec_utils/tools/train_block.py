@@ -35,7 +35,7 @@ import torch
 from .. import report
 from ..core.block import BlockDrafter, block_mask
 from ..prompts import build_prompts, format_prompt
-from ..utils import seed_everything
+from ..utils import command_line, seed_everything
 from . import distributed, objectives
 from .train_draft import device_name, frozen_target, greedy_continuations, in_float32
 from .train_eagle import acceptance_by_position, by_position, chain_rounds, choose_vocab, target_pass, train
@@ -157,13 +157,11 @@ def parse_args(argv=None):
 def main(argv=None):
     from .write_corpus import load_corpus
     args = parse_args(argv)
-    words = sys.argv[1:] if argv is None else argv
-    command = "python -m specdec_utils.tools.train_block " + " ".join(words)
+    command = command_line("specdec_utils.tools.train_block", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         args.device = str(copy_device)
-        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_block " + \
-            " ".join(words)
+        command = command_line("specdec_utils.tools.train_block", argv, distributed.world_size())
     seed_everything(args.seed)
     target, tokenizer, _ = frozen_target(args)
     corpus = load_corpus(args.corpus)

@@ -38,7 +38,7 @@ from .. import report
 from ..core.ngram import NgramDraft
 from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model, unpacked
 from ..prompts import build_prompts, format_prompt
-from ..utils import get_device, progress, seed_everything
+from ..utils import command_line, get_device, progress, seed_everything
 from . import distributed, objectives
 
 DRAFT_SHAPES = {
@@ -526,15 +526,14 @@ def load_or_write_corpus(target, tokenizer, args) -> tuple[list[dict], int]:
 
 def main(argv=None):
     args = parse_args(argv)
-    command = "python -m specdec_utils.tools.train_draft " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("specdec_utils.tools.train_draft", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         if args.corpus is None or not args.corpus.exists() or NGRAM_NAME in args.names:
             raise SystemExit("train_draft under torchrun trains drafts from a corpus written before: write it with "
                              "--corpus PATH --corpus-only (or tools.write_corpus) first; ngram is built on one process")
         args.device = str(copy_device)
-        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_draft " + \
-            " ".join(sys.argv[1:] if argv is None else argv)
+        command = command_line("specdec_utils.tools.train_draft", argv, distributed.world_size())
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)
     corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)

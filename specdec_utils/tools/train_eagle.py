@@ -46,7 +46,7 @@ from ..core.eagle import EagleHead, load_eagle
 from ..core.hidden import capture_hidden, final_norm
 from ..models import has_weights
 from ..prompts import build_prompts, format_prompt
-from ..utils import seed_everything
+from ..utils import command_line, seed_everything
 from . import distributed, objectives
 from .train_draft import device_name, frozen_target, greedy_continuations, in_float32, lr_schedule
 
@@ -326,12 +326,11 @@ def parse_args(argv=None):
 def main(argv=None):
     from .write_corpus import load_corpus
     args = parse_args(argv)
-    command = "python -m specdec_utils.tools.train_eagle " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("specdec_utils.tools.train_eagle", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         args.device = str(copy_device)
-        command = f"torchrun --nproc_per_node {distributed.world_size()} -m specdec_utils.tools.train_eagle " + \
-            " ".join(sys.argv[1:] if argv is None else argv)
+        command = command_line("specdec_utils.tools.train_eagle", argv, distributed.world_size())
     main_copy = distributed.is_main()
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)

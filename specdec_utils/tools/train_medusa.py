@@ -23,7 +23,7 @@ import torch
 from ..core.medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
 from ..models import MODELS_DIR
 from ..prompts import build_prompts, format_prompt
-from ..utils import progress, seed_everything
+from ..utils import command_line, progress, seed_everything
 from .train_draft import batch, frozen_target, greedy_continuations, load_or_write_corpus, lr_schedule
 
 
@@ -181,7 +181,7 @@ def main(argv=None):
     print("trained:", json.dumps(final), flush=True)
     measure_ranks(heads, target, tokenizer, args, dtype)
     heads.save(args.out)
-    command = "python -m specdec_utils.tools.train_medusa " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("specdec_utils.tools.train_medusa", argv)
     record = {"name": args.out.name, "command": command, "num_heads": args.num_heads,
               "parameters": sum(p.numel() for p in heads.blocks.parameters()),
               "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,

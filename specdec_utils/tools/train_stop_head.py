@@ -23,7 +23,7 @@ from sklearn.metrics import roc_auc_score
 
 from ..core.hidden import capture_hidden
 from ..core.stop_head import HEAD_FILE, MODES, StopHead
-from ..utils import progress, seed_everything
+from ..utils import command_line, progress, seed_everything
 from .train_draft import batch
 
 LOG_FILE = "stop_head_log.json"  # written next to the head
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / name
         folder.mkdir(parents=True, exist_ok=True)
         head.save(folder)
-        command = "python -m specdec_utils.tools.train_stop_head " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = command_line("specdec_utils.tools.train_stop_head", argv)
         log.update({"command": command, "target": args.target, "draft": name, "sequences": len(corpus),
                     "positions": len(features), "device": args.device, "corpus_seconds": round(corpus_s, 1),
                     "seconds": round(time.time() - start, 1)})

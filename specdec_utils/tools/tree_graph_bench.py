@@ -55,6 +55,7 @@ from ..core.plain_llama import PlainRunner
 from ..core.runner import ModelRunner
 from ..models import load_model, weights_facts
 from ..prompts import build_prompts, eval_subset, format_prompt
+from ..utils import command_line
 from .bench import run_benchmark
 
 TREE_METHODS = ("medusa", "draft-tree", "eagle")
@@ -570,8 +571,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.part == "merge":
         merged = merge_boards([p for p in args.inputs.split(",") if p], args.note)
-        merged["merged_by"] = "python -m specdec_utils.tools.tree_graph_bench " + " ".join(
-            sys.argv[1:] if argv is None else argv)
+        merged["merged_by"] = command_line("specdec_utils.tools.tree_graph_bench", argv)
         with open(args.out, "w") as f:
             json.dump(merged, f, separators=(",", ":"))
         print(f"wrote {args.out}: {merged['repeats_completed']} repeats from {len(merged['runs'])} runs")
@@ -614,8 +614,7 @@ def main(argv=None) -> int:
     result.update({"part": args.part, **_versions(args), "compiled": args.compile,
                    "compile_mode": {False: None, True: "steps"}.get(_compile(args), _compile(args)),
                    "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "wall_s": time.perf_counter() - t0,
-                   "command": "python -m specdec_utils.tools.tree_graph_bench "
-                   + " ".join(sys.argv[1:] if argv is None else argv)})
+                   "command": command_line("specdec_utils.tools.tree_graph_bench", argv)})
     with open(args.out, "w") as f:
         json.dump(result, f, indent=None if "board" in args.part else 1)
     print(f"wrote {args.out} in {result['wall_s']:.0f} s")

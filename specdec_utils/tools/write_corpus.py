@@ -54,7 +54,7 @@ from ..core.plain_llama import PlainLlama
 from ..core.runner import attention_backends
 from ..models import load_model
 from ..prompts import build_prompts, format_prompt
-from ..utils import default_dtype, get_device
+from ..utils import command_line, default_dtype, get_device
 from . import distributed
 
 COPY_SEED_STRIDE = 1000  # under torchrun, copy r writes from seed + 1000 r (the copies' rows differ)
@@ -475,13 +475,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    command = "python -m specdec_utils.tools.write_corpus " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("specdec_utils.tools.write_corpus", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU; each copy writes its share, seeded apart
     world, rank = distributed.world_size(), distributed.rank()
     if copy_device is not None:
         args.device = str(copy_device)
-        command = f"torchrun --nproc_per_node {world} -m specdec_utils.tools.write_corpus " + \
-            " ".join(sys.argv[1:] if argv is None else argv)
+        command = command_line("specdec_utils.tools.write_corpus", argv, world)
     device = torch.device(args.device) if args.device else get_device()
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer = load_model(args.target, device=device, dtype=dtype)
