@@ -10,6 +10,7 @@ once decompressed) and unpacked once into `data/cache/unpacked/`; every loader r
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -402,6 +403,10 @@ class ReducedVocabLlamaForCausalLM(LlamaForCausalLM):
         """Forward in the draft's own (reduced) vocabulary; used for training."""
         return super().forward(input_ids=self.full_to_draft[input_ids], **kwargs)
 
+    # generate() reads the forward's signature to decide which inputs to pass: transformers 5.23 drops the attention
+    # mask for a forward that does not name it, and an assistant draft then re-reads its whole sequence every round
+    # (tools.hf_assist_check), so the forward shows LlamaForCausalLM's signature
+    @functools.wraps(LlamaForCausalLM.forward)
     def forward(self, input_ids=None, **kwargs):
         out = self.draft_logits(input_ids=input_ids, **kwargs)
         small = out.logits[..., :-1]

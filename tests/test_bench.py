@@ -335,6 +335,12 @@ def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
     expected = autoregressive_generate(target, input_ids, 12, eos_token_id=2).new_token_ids
     result = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
     assert result.new_token_ids == expected
+    # and HF's loop proposes what the draft itself would, from a cache that holds just the sequence: transformers
+    # 5.23 drops the attention mask for a forward whose signature does not name it, and then re-fed the whole sequence
+    from specdec_utils.tools.hf_assist_check import assisted_rounds, greedy_continuation
+    rounds = assisted_rounds(target, draft, input_ids, 3, 12, 2, 2)
+    assert len(rounds) >= 3 and all(excess == 0 for *_, excess in rounds)
+    assert all(proposal == greedy_continuation(draft, prefix, len(proposal)) for prefix, proposal, _ in rounds)
     sampled = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
     assert 1 <= len(sampled.new_token_ids) <= 12
     assert draft.config.vocab_size == 65  # restored after the call
