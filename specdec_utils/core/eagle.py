@@ -409,7 +409,7 @@ def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
 # --------------------------------------------------------------------------- decode time
 class _HeadCache:
     """The head's own keys and values [nkv, capacity, d] (batch 1), preallocated and grown by doubling; the
-    first `length` entries are valid. A step writes its entries at slots length..length+n-1 (`write`)."""
+    first `length` entries are valid. A step writes its entries at slots length..length+n-1."""
 
     def __init__(self):
         self.k = self.v = None

@@ -2,8 +2,9 @@
 
 A method is a pair of parts for the engine's loop (`engine.decode`): a proposer (who drafts) and a
 drafting policy (how much), plus the verifier the policy asks for. The registry names them; the bench
-CLI takes the same names. `gamma` means one thing everywhere: the most draft tokens a round may
-propose (the chain's length, a tree's depth); None takes the method's default.
+CLI takes the same names. `gamma` means one thing everywhere: the most draft tokens along any one path
+of a round (a chain's length; a tree's depth, while the tree itself may hold more nodes); None takes the method's
+default.
 
 | method | proposer | policy | default gamma |
 |---|---|---|---|
@@ -251,10 +252,12 @@ def generate(target, input_ids, max_new_tokens: int, method="draft", draft=None,
     (fresh for each call: policies keep state; it runs with the proposer of the registered method
     whose policy class it extends, e.g. the draft model).
 
-    temperature 0 is greedy: every method's output equals the target's own greedy output. Otherwise
-    tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
-    exactly, for every method (rejection sampling). `gamma` is the most draft tokens a round may
-    propose (a tree's depth), None for the method's default. `params` holds a policy's own
+    temperature 0 is greedy: every method's output equals the target's own greedy output (in float32; in
+    16-bit a verification pass over several tokens can round a near-tie the other way, notebook 01 shows one).
+    Otherwise tokens are sampled from the target's distribution warped by temperature, top_k and top_p,
+    exactly, for every method with its default verifier (rejection sampling; the tree methods'
+    `acceptance="typical"`, Medusa's rule, is not exact). `gamma` is the most draft tokens along any one path
+    of a round (a tree's depth), None for the method's default. `params` holds a policy's own
     parameters, e.g. `{"theta": 2.0}` for `entropy-stop`; `policy_parameters(method)` lists them.
     `hierarchical*` drafts with `draft_small` (M1: a draft model or an `ngram.NgramDraft`)
     pre-verified by `draft` (M2); `medusa` guesses a token tree with `heads` (`medusa.load_heads`),

@@ -21,8 +21,8 @@ verifier walks from the root and returns a `Verdict`: the accepted nodes (`path`
   likely child whose target probability exceeds min(eps, delta * exp(-H(p))), then sample from p.
   It is NOT lossless; it exists to measure how far it moves the output.
 
-Every uniform is a float64 draw from the CPU generator, and every emitted token comes from
-`sampling.sample_token`, so runs are reproducible across devices.
+Every uniform is a float64 draw from the CPU generator, and every token the verifier itself draws comes from
+`sampling.sample_token`, so runs are reproducible across devices (drafters draw their own proposals).
 """
 from __future__ import annotations
 

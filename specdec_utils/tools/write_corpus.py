@@ -164,7 +164,7 @@ class StaticDecoder:
 
     def _decode(self, kind: str, window: int, slot: int):
         """`_step`, on CUDA through a graph recorded once per (sampler, window) and shared by all batches:
-        warmed up on a side stream first (as `core/runner.py` does), `self.slot` reset to `slot` (the
+        warmed up on a side stream first (as `core.graphs.record_cuda_graph` does), `self.slot` reset to `slot` (the
         warm-up advanced it), then captured; the graphs share one memory pool (they never run at once,
         and keep no output: each step writes into the decoder's own tensors)."""
         if self.graphs is None:
