@@ -252,6 +252,23 @@ def test_tables_mark_the_rows_of_the_draft_m_it_replaced():
     assert readme_tables._earlier_footer(["| a run |"]) == ""
 
 
+def test_the_headline_says_why_hf_drafted_worse(monkeypatch):
+    """Greedy in float32 HF's loop runs our algorithm, so a run where its tau is below ours gets the sentence on the
+    draft-class fault under the table; a run where both agree does not."""
+    from specdec_utils.models import weights_facts
+    today = weights_facts("draft-m")
+
+    def run(calls_hf):
+        rows = [{"id": str(i), "method": m, "new_tokens": 60, "target_calls": c, "wall_s": 1.0, "temperature": 0.0,
+                 "draft_weights": today}
+                for i in range(3) for m, c in (("ar", 60), ("greedy", 25), ("hf-assisted", calls_hf))]
+        monkeypatch.setattr(readme_tables, "_load", lambda name: rows)
+        monkeypatch.setattr(readme_tables, "BENCH_FILES", [("x.json", "a CPU")])
+        return readme_tables.bench_table()
+    assert run(30).endswith(readme_tables.HF_FAULT)
+    assert readme_tables.HF_FAULT not in run(25)
+
+
 def test_say_shows_nothing_for_an_empty_sentence(capsys, monkeypatch):
     """A note with nothing to say (an empty string) leaves no blank output behind; any other sentence is shown."""
     monkeypatch.setattr(report, "_in_notebook", lambda: False)
