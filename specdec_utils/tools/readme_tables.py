@@ -80,14 +80,14 @@ def bench_table() -> str:
         methods = {r["method"] for r in records}
         hf = "hf-assisted" in methods
         ours = report.speedup(records, "greedy")
+        tau_ours, tau_hf = (report.tau(records, m).value if m in methods else None for m in ("greedy", "hf-assisted"))
         cells = [label + _earlier(records), f"{_tok_s(records, 'ar'):.1f}", f"{_tok_s(records, 'greedy'):.1f}",
                  f"{_tok_s(records, 'hf-assisted'):.1f}" if hf else "-", f"{ours:.2fx}",
                  f"{report.speedup(records, 'greedy', 'hf-assisted'):.2fx}" if hf else "-",
-                 f"{report.tau(records, 'greedy').value:.2f} / "
-                 + (f"{report.tau(records, 'hf-assisted').value:.2f}" if hf else "-"),
+                 f"{tau_ours:.2f} / " + (f"{tau_hf:.2f}" if hf else "-"),
                  _versions(records)]
         lines.append("| " + " | ".join(cells) + " |")
-        garbled |= hf and report.tau(records, "hf-assisted").value < report.tau(records, "greedy").value - 0.005
+        garbled |= hf and tau_hf < tau_ours - 0.005
     return "\n".join(lines) + _earlier_footer(lines) + (HF_FAULT if garbled else "")
 
 
