@@ -42,7 +42,7 @@ execute:
 	@echo "figures written to figures/"
 
 lint: setup
-	$(PY) -m ruff check specdec_utils tests
+	$(PY) -m ruff check specdec_utils specdec_lab tests
 
 # Tests run in TEST_WORKERS processes (pytest-xdist), each with its share of the cores as torch threads: most tests
 # run tiny models whose time is per-op overhead on one thread, so two processes on two cores finish in about half
@@ -68,7 +68,7 @@ test-fast: setup
 # cell must run; the outputs are the GPU's own, so they are not compared with the committed CPU outputs). The logs'
 # headers name the GPU; data/bench/test_gpu_*.log are committed. GPU_NBS picks lessons; SPECDEC_DTYPE=float16 stands
 # in for a GPU without bfloat16 (a T4), SPECDEC_PRESET=colab-gpu runs the online preset (offline: its stand-ins,
-# `python -m specdec_utils.tools.hub_standins`).
+# `python -m specdec_lab.hub_standins`).
 GPU_PY  ?= python3
 GPU_LOG ?= test-gpu.log
 GPU_NB_LOG ?= test-gpu-notebooks.log

@@ -1,19 +1,19 @@
 """Helpers for the speculative-decoding course.
 
 `generate(target, input_ids, max_new_tokens, method=...)` is the one entry point for every method;
-`load_model(name)` loads the target, the drafts and test models. The folders show the architecture:
+`load_model(name)` loads the target, the drafts and test models. The layout:
 
-- `core/`: what runs at decode time. The loop (`engine`), verification (`verify`), the math of a round written
-  once as tensor functions of explicit inputs (`sampling`: draw, residual, acceptance; `kv_cache`: rollback and a
-  tree path's commit), caches, model runners and CUDA graphs (`static_cache`, `runner`, `graphs`), proposers and
-  policies (`engine`, `policies`, `hierarchy`, `tree_drafting`, `medusa`, `ngram`, `eagle`, `stop_head`), trees as
-  pure structure (`tree`) and their attention kernels (`tree_attention`), the method registry with `generate`
-  (`methods`), and the recorded executor (`device_loop`: `generate(..., executor=DeviceExecutor())` runs a
-  method's rounds on the device with the same functions, one CUDA graph a round).
-- `tools/`: what measures or trains: the bench CLI (`python -m specdec_utils.bench`), the leaderboard,
-  the GPU benchmarks, the trainers of the drafts and heads, README's tables.
-- at the top: models and prompts, the transformers-internal pieces (`compat`), teaching facades and
-  checks for the notebooks (`speculative`, `exactness`, `theory`, `report`, `utils`).
+- `core/`: what runs at decode time. The loop (`engine`), verification (`verify`), the math of a round as tensor
+  functions of explicit inputs (`sampling`, `kv_cache`), caches, model runners and CUDA graphs (`static_cache`,
+  `runner`, `graphs`), the method families (`policies`, `hierarchy`, `ngram`, `tree_drafting`, `medusa`, `eagle`,
+  `block`, `stop_head`), trees as pure structure (`tree`) and their Triton kernels (`tree_attention`), the method
+  registry with `generate` (`methods`: a family is imported when its method is first used, so a `draft` run
+  imports no EAGLE, Medusa or tree kernels), and the recorded executor (`device_loop`: `executor=DeviceExecutor()`).
+- at the top: models and prompts, transformers' internals (`compat`), measuring and training as the lessons run
+  them (`measure`, `step_costs`, `leaderboard`: reading the boards, `training`, `objectives`), and the notebooks'
+  facades and checks (`speculative`, `exactness`, `theory`, `report`, `utils`).
+- the lab, `specdec_lab/` beside this package: the bench CLI (`python -m specdec_lab.bench`), the leaderboard runs,
+  the GPU benchmarks, the trainers, README's tables. It imports this package; this package never imports it.
 
 Importing the package changes nothing global (no environment variables, no logging switches), and it is light:
 `import specdec_utils` imports no torch, transformers or submodule. A public name below, or a submodule, is imported

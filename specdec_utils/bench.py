@@ -1,11 +1,13 @@
-"""`python -m specdec_utils.bench`: the benchmark CLI (its code lives in `tools/bench.py`).
+"""The benchmark command line lives in the lab: `python -m specdec_lab.bench` (same methods and flags).
 
-Kept at this path because the command is the course's public interface; `from specdec_utils import bench`
-gives the same module as `specdec_utils.tools.bench`."""
+`python -m specdec_utils.bench ...` stops with one line naming it; the learner's package never imports the lab."""
 import sys
 
-from .tools import bench as _bench
+REPLACEMENT = "python -m specdec_lab.bench"
 
 if __name__ == "__main__":
-    raise SystemExit(_bench.main())
-sys.modules[__name__] = _bench
+    print(f"specdec_utils.bench: the benchmark moved to the lab: run {REPLACEMENT} {' '.join(sys.argv[1:])}".rstrip(),
+          file=sys.stderr)
+    raise SystemExit(2)
+raise ImportError(f"specdec_utils.bench moved to the lab: import specdec_lab.bench (CLI: {REPLACEMENT}); "
+                  "a lesson measures with specdec_utils.measure")

@@ -15,7 +15,7 @@ focused test in tests/test_compat.py, which is what to run after upgrading trans
 - user 4D masks (`core/tree.py`, `core/runner.py`): a 4D `attention_mask` reaches the attention function
   unchanged, so an additive float mask (the tree pass) and a boolean one (the graphed step) both work
   with SDPA (not with "eager" attention, which would add a boolean mask to the scores).
-- `full_vocab_config` (`tools/bench.py`, `hf-assisted`): assisted generation picks its candidate
+- `full_vocab_config` (`specdec_lab/bench.py`, `hf-assisted`): assisted generation picks its candidate
   generator by comparing `config.vocab_size`.
 - `saveable_config` (`models.py`): a GGUF-loaded config carries a `quantization_config` that refuses
   `save_pretrained`.

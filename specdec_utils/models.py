@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import json
 import lzma
 import os
 import shutil
@@ -114,7 +113,7 @@ def load_model(name: str, device=None, dtype=None):
         path = MODELS_DIR / name
         if not (path / "config.json").exists():
             raise UnknownModelError(f"draft {name!r} is not in {path}: train it with "
-                                    "`python -m specdec_utils.tools.train_draft` (see README)")
+                                    "`python -m specdec_lab.train_draft` (see README)")
         model = ReducedVocabLlamaForCausalLM.from_pretrained(unpacked(path), dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
     elif name in TINY_MODELS:
@@ -170,59 +169,6 @@ def weights_facts(where) -> dict:
     return {"from": str(where), "weights_sha256": h.hexdigest()[:16]}
 
 
-def replaced_draft(name: str = "draft-m", folder=None) -> tuple[dict, dict] | None:
-    """The draft that the one shipped as `name` (or saved in `folder`) replaced: its training log's `replaced` entry
-    (the earlier weights' hash, until when they shipped, the committed paired measurement that compares both) and
-    that measurement (`drafts`, `paired`). None when it replaced none."""
-    folder = Path(folder) if folder is not None else MODELS_DIR / name
-    log = folder / "training_log.json"
-    before = json.loads(log.read_text()).get("replaced") if log.is_file() else None
-    if not before:
-        return None
-    where = before["measured"]
-    return before, json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
-
-
-def recorded_weights(records, key: str = "draft_weights") -> dict | None:
-    """The weights a committed run recorded (`weights_facts`, under `key`): from a board's own field when it is one
-    dict, else from the first of its records that carries one; None when none does (a run from before the field)."""
-    if isinstance(records, dict):
-        return records.get(key)
-    return next((r[key] for r in records if r.get(key)), None)
-
-
-def _replaced_if_used(used: dict | None, name: str, folder) -> tuple[dict, dict] | None:
-    """`replaced_draft(name, folder)` when runs that recorded `used` (or nothing) ran on those replaced weights."""
-    found = replaced_draft(name, folder)
-    recorded = (used or {}).get("weights_sha256")
-    return None if found is None or (recorded is not None and recorded != found[0]["weights_sha256"]) else found
-
-
-def used_earlier_draft(used: dict | None = None, name: str = "draft-m", folder=None) -> bool:
-    """Whether runs that recorded the weights `used` (None: they predate the field) ran on the draft that the shipped
-    `name` replaced: exactly when `earlier_draft_note` has something to say."""
-    return _replaced_if_used(used, name, folder) is not None
-
-
-def earlier_draft_note(runs: str, used: dict | None = None, name: str = "draft-m", folder=None) -> str:
-    """One sentence for committed runs made with the draft that the shipped `name` replaced (the draft keeps its
-    name; its weights changed): `runs` names them (e.g. "These H100 runs"). Empty when the shipped draft replaced
-    none, or when the runs recorded the weights they used (`used`, as `weights_facts` writes it) and those are not
-    the replaced ones; runs that recorded none (`used` None or without a hash) predate the field and are taken to
-    have used the replaced draft."""
-    found = _replaced_if_used(used, name, folder)
-    if found is None:
-        return ""
-    before, measured = found
-    where = before["measured"]
-    old, new = (measured["drafts"][where[k]] for k in ("before", "now"))
-    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau"]
-    return (f"{runs} used the `{name}` shipped until {before['until']}; every row drafting with it there had a "
-            f"draft that accepts fewer tokens: {old['tau']:.3f} tokens per drafting round against today's "
-            f"{new['tau']:.3f} ({diff:+.3f}, 95% interval {low:+.3f} to {high:+.3f}; paired on a CPU, {new['dtype']}, "
-            f"γ = {new['gamma']}, the {new['prompts']} held-out prompts, not a board's).")
-
-
 _digests: dict[tuple, str] = {}  # (path, size, mtime) of the packed files -> their digest, per process
 
 
@@ -238,6 +184,30 @@ def _digest(files: list[Path]) -> str:
                     h.update(chunk)
         _digests[key] = h.hexdigest()[:16]
     return _digests[key]
+
+
+def _build_folder(out: Path, write, ready=Path.is_dir) -> Path:
+    """Build the folder `out` and return it: `write(tmp)` fills a fresh temporary sibling (removed if it fails), which
+    is then renamed to `out` in one atomic step, so processes building `out` at once never see, or delete, a
+    half-written folder. A rename that loses the race (another process's `out` landed first) removes its own copy and
+    returns the winner's when `ready(out)`; an `out` that is not ready is never deleted: that raises."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        os.chmod(tmp, out.parent.stat().st_mode & 0o777)  # mkdtemp's is 0o700: as readable as its parent instead
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out.is_dir():
+            raise
+        if not ready(out):
+            raise FileExistsError(f"{out} exists but is incomplete; delete it and run again") from None
+    return out
 
 
 def unpacked(folder) -> Path:
@@ -257,10 +227,8 @@ def unpacked(folder) -> Path:
     out = CACHE_DIR / "unpacked" / f"{folder.name}-{_digest(weights + others)}"  # (an edited config too: a new copy)
     if out.is_dir():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        os.chmod(tmp, out.parent.stat().st_mode & 0o777)  # mkdtemp's is 0o700: as readable as its parent instead
+
+    def write(tmp: Path) -> None:
         for src in sorted(folder.iterdir()):
             if src.is_dir():
                 shutil.copytree(src, tmp / src.name)
@@ -269,17 +237,7 @@ def unpacked(folder) -> Path:
                     shutil.copyfileobj(stream, dest, 1 << 20)
             elif src.suffix != PACKED:
                 shutil.copy2(src, tmp / src.name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not out.is_dir():
-            raise
-        # another process renamed its copy into place first (the same bytes): use that one
-    return out
+    return _build_folder(out, write)
 
 
 def pack(folder) -> list[Path]:
@@ -338,17 +296,14 @@ def find_gguf() -> Path:
     return path
 
 
-def ensure_target_cache(cache_dir: Path | None = None) -> Path:
-    """Convert the GGUF target once into a safetensors folder (float32, exactly the dequantized
-    weights) and return its path. Written to a temporary folder, then renamed, so an interrupted
-    conversion never leaves a half-written cache behind."""
-    out = Path(cache_dir or CACHE_DIR) / TARGET_NAME
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
-        return out
-    if cache_dir is None and CACHE_DIR.is_relative_to(DATA_DIR):
-        require_data()  # never write the cache into site-packages (a plain install without SPECDEC_REPO)
-    gguf = find_gguf()
-    print(f"Converting {gguf.name} to safetensors under {out} (once, ~20 s)...", flush=True)
+def _target_ready(folder: Path) -> bool:
+    """Whether `folder` holds a finished target cache (its weights and its tokenizer)."""
+    return (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+
+
+def _convert_target(gguf: Path, folder: Path) -> None:
+    """Write the GGUF target into `folder` as a safetensors model (float32, exactly the dequantized weights) with its
+    tokenizer."""
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = saveable_config(gguf_model.config)  # the weights are dequantized: drop the GGUF quantization entry
@@ -357,13 +312,22 @@ def ensure_target_cache(cache_dir: Path | None = None) -> Path:
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.eos_token_id
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def ensure_target_cache(cache_dir: Path | None = None) -> Path:
+    """Convert the GGUF target once into a safetensors folder (`_convert_target`) and return its path. Built by
+    `_build_folder`: an interrupted conversion, or several processes converting at once, never leave or read a
+    half-written cache."""
+    out = Path(cache_dir or CACHE_DIR) / TARGET_NAME
+    if _target_ready(out):
+        return out
+    if cache_dir is None and CACHE_DIR.is_relative_to(DATA_DIR):
+        require_data()  # never write the cache into site-packages (a plain install without SPECDEC_REPO)
+    gguf = find_gguf()
+    print(f"Converting {gguf.name} to safetensors under {out} (once, ~20 s)...", flush=True)
+    return _build_folder(out, lambda tmp: _convert_target(gguf, tmp), ready=_target_ready)
 
 
 class ReducedVocabLlamaForCausalLM(LlamaForCausalLM):

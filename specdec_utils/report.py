@@ -222,7 +222,12 @@ def bootstrap(items: list, statistic, *, resamples: int = 2000, level: float = 0
 
 
 def _pooled_ratio(pairs) -> float:
-    return sum(a for a, _ in pairs) / max(sum(b for _, b in pairs), 1)
+    """sum(a) / sum(b) over the pairs (a, b). Raises when sum(b) is 0: the ratio is undefined, and a NaN would sort
+    anywhere among `bootstrap`'s resampled values and corrupt its interval."""
+    total = sum(b for _, b in pairs)
+    if total == 0:
+        raise ValueError(f"a ratio of totals needs sum(b) != 0; these {len(pairs)} items have sum(b) = 0 (no rounds)")
+    return sum(a for a, _ in pairs) / total
 
 
 def ratio_interval(pairs: list, **kw) -> Estimate:

@@ -1,5 +1,7 @@
 """Closed-form predictions for speculative decoding (Leviathan et al. 2023, "Fast Inference from
 Transformers via Speculative Decoding", Sec. 3). Used in notebook 00 to plot the speedup to expect.
+Also what rounds measure (`acceptance_by_position`) and what they would do on a known continuation
+(`simulate_rounds`: the trainers' tau, without a model).
 
 Notation: `alpha` is the acceptance rate (expected probability that the target accepts one drafted
 token), `gamma` the number of tokens drafted per round, `cost_ratio` (the paper's c) the time of one
@@ -8,6 +10,8 @@ numpy arrays or torch tensors (broadcast against each other) and returns the sam
 scalar inputs, a float64 numpy array, or a float64 torch tensor on the inputs' device.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -84,14 +88,76 @@ def acceptance_by_position(rounds, max_position: int) -> np.ndarray:
     """Measured a_i, i = 1..max_position: the fraction of rounds that drafted token i, after
     tokens 1..i-1 were all accepted, in which the target accepted token i (`engine.RoundStats`
     records: `drafted`, `accepted`). NaN where no round got that far."""
-    reached = np.zeros(max_position)
-    kept = np.zeros(max_position)
+    reached, kept = position_counts(rounds, max_position)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.array(kept, dtype=np.float64) / np.array(reached, dtype=np.float64)
+
+
+def position_counts(rounds, max_position: int) -> tuple[list[int], list[int]]:
+    """The counts behind `acceptance_by_position`, for i = 1..max_position: `reached[i - 1]`, the rounds
+    that drafted token i after tokens 1..i-1 were all accepted; `accepted[i - 1]`, those in which the
+    target accepted token i. `rounds`: `engine.RoundStats` or `SimulatedRound` records. Plain ints,
+    so counts from several texts add up (and go into JSON)."""
+    reached, kept = [0] * max_position, [0] * max_position
     for r in rounds:
         for i in range(min(r.drafted, r.accepted + 1, max_position)):  # judged: accepted ones + first rejected
             reached[i] += 1
             kept[i] += i < r.accepted
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return kept / reached
+    return reached, kept
+
+
+class SimulatedRound(NamedTuple):
+    """One round of `simulate_rounds`, its fields named as in `engine.RoundStats`: `drafted` tokens
+    proposed, `accepted` of them, `new_tokens` = accepted + 1 (the target's own token added)."""
+    drafted: int
+    accepted: int
+    new_tokens: int
+
+
+def simulate_rounds(matches, gamma: int, budget: int | None = None) -> list[SimulatedRound]:
+    """The rounds greedy speculative decoding runs over one continuation (the target's greedy output),
+    from where the draft is right, with no model: each round drafts up to `gamma` tokens, the target
+    accepts the leading right ones and adds one token of its own (its correction, or its bonus token
+    when every draft was accepted). What the trainers report as tau is sum(new_tokens) / rounds.
+
+    It follows the engine's budget rule (`engine._decode`, `room`): a round drafts at most
+    `budget - produced - 1` tokens, so that its accepted drafts plus the target's token never pass
+    `budget` (default: the continuation's length, len(matches)), and decoding stops once `budget`
+    tokens are out. So the rounds' `new_tokens` add up to `budget`: no bonus token is credited past the
+    end. (A continuation cut after an end-of-sequence token gets the same tokens per round as an engine
+    run with a larger budget, which stops after that token.)
+
+    `matches` (bools: a list, a numpy array or a tensor) has one of two shapes:
+
+    - [L], a draft that reads tokens only (a draft model): `matches[j]`, whether its greedy token for
+      continuation token j, given the true tokens before j (teacher-forced), is token j. The first
+      round drafts from the prompt, as `generate(..., method="draft")` does.
+    - [L, K] with K >= gamma, a drafter that reads the target's features (an EAGLE head, a block
+      drafter): `matches[m, k]`, whether the k-th draft (from 0) of the round whose newest token is
+      continuation token m is token m + 1 + k. Such a drafter has nothing to draft from at the prefill,
+      whose pass produces token 0 alone; that round is not returned (these are the engine's
+      `rounds[1:]` for `eagle-chain` or `block`).
+    """
+    right = torch.as_tensor(matches, dtype=torch.bool).cpu().numpy()
+    if right.ndim not in (1, 2):
+        raise ValueError(f"matches must be [L] or [L, K], got {right.ndim} dimensions")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 0:
+        raise ValueError(f"gamma (tokens drafted per round) must be a whole number >= 0, got {gamma!r}")
+    if right.ndim == 2 and right.shape[1] < gamma:
+        raise ValueError(f"matches has {right.shape[1]} draft steps per round, fewer than gamma = {gamma}")
+    length = right.shape[0]
+    budget = length if budget is None else budget
+    if not 0 <= budget <= length:
+        raise ValueError(f"budget must lie in 0..{length} (the continuation's length), got {budget}")
+    produced = 1 if right.ndim == 2 else 0  # a feature-reading drafter's first round follows the prefill's token
+    rounds = []
+    while produced < budget:
+        drafted = min(gamma, budget - produced - 1)  # the engine's room: k drafts + 1 target token
+        window = right[produced - 1, :drafted] if right.ndim == 2 else right[produced:produced + drafted]
+        accepted = int(np.cumprod(window).sum())  # the leading right drafts
+        rounds.append(SimulatedRound(drafted, accepted, accepted + 1))
+        produced += accepted + 1
+    return rounds
 
 
 def expected_tokens_per_round(acceptance, gamma: int) -> float:

@@ -187,8 +187,22 @@ def test_the_device_loop_accepts_and_draws_with_the_engines_functions():
     assert "accept_greedy(" in source and "accept_sampled(" in source and "cumprod" not in source
 
 
+def test_the_argument_rules_are_written_once():
+    """The engine's `check_arguments`, the device loops and `warp_logits` call `core.checks`' rules rather than keep a
+    copy each (copies drifted apart: a temperature of 1e-9 or top_k=True was taken by one and refused by another)."""
+    from specdec_utils.core import engine
+    for function in (engine.check_arguments, sampling.warp_logits, device_loop.DeviceLoop.__init__):
+        source = inspect.getsource(function)
+        assert "check_sampling(" in source and "isfinite(" not in source and "isinstance(top" not in source, function
+    for function in (engine.check_arguments, device_loop.DeviceLoop.generate):
+        source = inspect.getsource(function)
+        assert "check_count(\"max_new_tokens\"" in source and "check_prompt_ids(" in source, function
+
+
 def test_the_device_loop_and_the_engine_return_one_result_type():
-    """Same greedy tokens, same acceptance round by round, and the same counts in the same type."""
+    """Same greedy tokens, same acceptance round by round, and the same counts in the same type (`GenerationResult`'s
+    rule): in the last round, where the budget leaves 2 tokens, both keep one draft and the target's token; the device
+    loop drafted 3 there (its rounds have one shape) and ran a prefill pass of its own."""
     import copy
 
     from specdec_utils.core.device_loop import DeviceLoop
@@ -204,10 +218,15 @@ def test_the_device_loop_and_the_engine_return_one_result_type():
     device = DeviceLoop(target, draft=draft, gamma=3).generate(ids, 38)
     assert type(device) is type(engine) is GenerationResult
     assert device.new_token_ids == engine.new_token_ids
-    assert device.accepted_per_round == [3] * 10  # the last round made 2 of its 4 tokens
-    assert [r.new_tokens for r in device.rounds] == [4] * 9 + [2] and device.tokens_per_round == 3.8
-    assert (device.drafted, device.accepted, device.accepted_per_position) == (30, 30, [10, 10, 10])
-    assert device.target_calls == 11 and device.method == "greedy"  # ten rounds and the prefill's pass
+    assert device.accepted_per_round == engine.accepted_per_round == [3] * 9 + [1]  # the last round made 2 tokens
+    assert [r.new_tokens for r in device.rounds] == [r.new_tokens for r in engine.rounds] == [4] * 9 + [2]
+    assert [r.stop for r in device.rounds] == [r.stop for r in engine.rounds] == ["gamma"] * 9 + ["budget"]
+    assert device.tokens_per_round == engine.tokens_per_round == 3.8
+    assert (device.accepted, device.accepted_per_position) == (engine.accepted, engine.accepted_per_position) == \
+           (28, [10, 9, 9])
+    assert (device.drafted, engine.drafted) == (30, 28)  # the device loop drafts gamma in the budget's round too
+    assert device.target_calls == engine.target_calls + 1 == 11  # ten rounds and the prefill's pass
+    assert device.method == "greedy"
 
 
 def test_generate_runs_a_method_on_the_device_executor():

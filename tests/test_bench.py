@@ -1,4 +1,4 @@
-"""Tests of the benchmark CLI (`python -m specdec_utils.bench`): every bad argument is one line on
+"""Tests of the benchmark CLI (`python -m specdec_lab.bench`): every bad argument is one line on
 stderr with exit status 2, and a tiny end-to-end run writes the records it promises."""
 import json
 import re
@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
+from specdec_lab import bench
+from specdec_utils import measure
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, ensure_target_cache, tiny_model
 from specdec_utils.speculative import autoregressive_generate
-from specdec_utils.tools import bench
 from specdec_utils.utils import REPO_ROOT
 
 RECORD_KEYS = {"id", "method", "new_token_ids", "text", "wall_s", "new_tokens", "target_calls", "drafted",
@@ -62,7 +63,7 @@ TINY = ["--target", "tiny-llama", "--draft", "tiny-gpt2"]  # for errors found af
     (["--max-new-tokens", "0"], r"--max-new-tokens: .*>= 1"),
     (["--methods", "ar,beam"], r"--methods: .*'beam'.*allowed: .*greedy"),
     (["--methods", ","], r"--methods: .*','.*allowed"),
-    (["--dtype", "float16"], r"--dtype: .*'float16'"),
+    (["--dtype", "float64"], r"--dtype: .*'float64'"),
     (["--device", "tpu"], r"--device: .*'tpu'.*allowed: .*cpu"),
     (["--gama", "3"], r"unrecognized arguments: --gama"),
     (["--seed", "99999999999999999999999"], r"--seed: .*\[0, 2\*\*63\)"),
@@ -103,8 +104,8 @@ def test_invalid_prompts_file(capsys, tmp_path):
 def test_per_category_picks_the_balanced_subset_and_excludes_a_prompts_file(capsys, tmp_path):
     """--per-category K reads eval_subset(K) (the committed GPU board's 40 prompts are K = 8); with --prompts too,
     or K < 1, one error line."""
+    from specdec_lab import bench as bench_tool
     from specdec_utils.prompts import eval_subset
-    from specdec_utils.tools import bench as bench_tool
     rows = bench_tool.read_prompts(None, 8)
     assert [r["id"] for r in rows] == [r["id"] for r in eval_subset(8)] and len(rows) == 40
     assert [r["id"] for r in bench_tool.read_prompts(None)] == [r["id"] for r in eval_subset(2)]
@@ -129,7 +130,7 @@ def test_draft_with_another_vocabulary_is_rejected_before_running(capsys, other_
 
 
 def test_command_line_error_has_no_traceback():
-    process = subprocess.run([sys.executable, "-m", "specdec_utils.tools.bench", "--gamma", "0"], cwd=REPO_ROOT,
+    process = subprocess.run([sys.executable, "-m", "specdec_lab.bench", "--gamma", "0"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 2 and process.stdout == ""
     lines = process.stderr.strip().splitlines()
@@ -254,7 +255,7 @@ def test_rows_record_the_draft_weights_they_measured(capsys, prompts_file, tmp_p
     assert code == 0, err
     records = json.loads(out_file.read_text())
     # and the command that measures them again, the same on every row, naming no folder of this machine
-    assert {shlex.join(shlex.split(r["command"])[:3]) for r in records} == {"python -m specdec_utils.bench"}
+    assert {shlex.join(shlex.split(r["command"])[:3]) for r in records} == {"python -m specdec_lab.bench"}
     public = [Path(w).name if Path(w).is_absolute() else w for w in argv]  # (pytest's folders lie outside)
     assert [shlex.split(r["command"])[3:] for r in records] == [public] * len(records)
     facts = weights_facts(str(tmp_path / "my-draft"))
@@ -268,8 +269,9 @@ def test_rows_record_the_draft_weights_they_measured(capsys, prompts_file, tmp_p
     other = tmp_path / "other-draft"
     tiny_model("tiny-llama", vocab_size=49152, seed=5).save_pretrained(other)
     rows = [{"id": "story", "prompt": "Once upon a time"}]
-    mine = bench.Variant("mine", "greedy", draft=str(other))
-    records = bench.run_benchmark(target, None, tokenizer, rows, ["ar", mine], 4, 2, 0.0, 1.0, 0, dtype_name="float32",
+    mine = measure.Variant("mine", "greedy", draft=str(other))
+    records = measure.run_benchmark(target, None, tokenizer, rows, ["ar", mine], 4, 2, 0.0, 1.0, 0,
+                                      dtype_name="float32",
                                   device="cpu", drafts={str(other): tiny_model("tiny-llama", vocab_size=49152, seed=5)})
     assert [r.get("draft_weights") for r in records] == [None, weights_facts(str(other))]
     assert weights_facts(str(other))["weights_sha256"] != facts["weights_sha256"]
@@ -310,14 +312,14 @@ def test_summary_table_renders_the_shared_aggregation():
                                             ("p1", "greedy", 0.5, 4, 12, 12, 6), ("p2", "greedy", 0.5, 5, 16, 16, 5),
                                             ("p1", "hf-prompt-lookup", 0.5, 5, 0, -1, -1),
                                             ("p2", "hf-prompt-lookup", 0.5, 5, 0, -1, -1)]]
-    assert bench.tokens_per_second(records) == {"ar": 10.0, "greedy": 20.0, "hf-prompt-lookup": 20.0}
-    lines = bench.summary_table(records).splitlines()
+    assert measure.tokens_per_second(records) == {"ar": 10.0, "greedy": 20.0, "hf-prompt-lookup": 20.0}
+    lines = measure.summary_table(records).splitlines()
     assert lines[0].split() == ["method", "tokens/s", "tokens/target", "call", "acceptance", "wasted/token", "draft",
                                 "calls/token", "speedup", "vs", "ar"]
     assert lines[1].split() == ["ar", "10.0", "1.00", "-", "0.00", "0.00", "1.00x"]
     assert lines[2].split() == ["greedy", "20.0", "2.22", "0.39", "0.85", "1.40", "2.00x"]
     assert lines[3].split() == ["hf-prompt-lookup", "20.0", "2.00", "-", "-", "0.00", "2.00x"]
-    assert bench.summary_table(records[2:]).splitlines()[1].split()[-1] == "-"  # no `ar`: no speedup
+    assert measure.summary_table(records[2:]).splitlines()[1].split()[-1] == "-"  # no `ar`: no speedup
 
 
 def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
@@ -333,33 +335,33 @@ def test_hf_assisted_accepts_a_reduced_vocabulary_draft():
     input_ids = torch.tensor([[5, 80, 13, 200, 7]])
     settings = {"gamma": 3, "top_p": 1.0, "seed": 0, "eos_token_id": 2, "pad_token_id": 2}
     expected = autoregressive_generate(target, input_ids, 12, eos_token_id=2).new_token_ids
-    result = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
+    result = measure.run_method("hf-assisted", target, draft, input_ids, 12, temperature=0.0, **settings)
     assert result.new_token_ids == expected
     # and HF's loop proposes what the draft itself would, from a cache that holds just the sequence: transformers
     # 5.23 drops the attention mask for a forward whose signature does not name it, and then re-fed the whole sequence
-    from specdec_utils.tools.hf_assist_check import assisted_rounds, greedy_continuation
+    from specdec_lab.hf_assist_check import assisted_rounds, greedy_continuation
     rounds = assisted_rounds(target, draft, input_ids, 3, 12, 2, 2)
     assert len(rounds) >= 3 and all(excess == 0 for *_, excess in rounds)
     assert all(proposal == greedy_continuation(draft, prefix, len(proposal)) for prefix, proposal, _ in rounds)
-    sampled = bench.run_method("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
+    sampled = measure.run_method("hf-assisted", target, draft, input_ids, 12, temperature=1.0, **settings)
     assert 1 <= len(sampled.new_token_ids) <= 12
     assert draft.config.vocab_size == 65  # restored after the call
 
 
 @pytest.mark.slow
 def test_draft_step_bench_times_wider_passes_and_whole_block_rounds(monkeypatch):
-    """`draft_step_bench.measure` with `verify` and `block_size`: the block drafter's entry times a whole round
+    """`step_costs.step_costs` with `verify` and `block_size`: the block drafter's entry times a whole round
     (one pass, every slot walked), each timed call once after the warm-up."""
-    from specdec_utils.tools import draft_step_bench
+    from specdec_utils import step_costs
     rounds = []
-    propose = draft_step_bench.BlockProposer.propose
+    propose = step_costs.BlockProposer.propose
 
     def spy(self, tokens, gamma, *rest):
         proposal = propose(self, tokens, gamma, *rest)
         rounds.append((gamma, len(proposal.tokens)))
         return proposal
-    monkeypatch.setattr(draft_step_bench.BlockProposer, "propose", spy)
-    steps = draft_step_bench.measure(torch.device("cpu"), torch.float32, context=16, repeats=2, verify=(3,),
+    monkeypatch.setattr(step_costs.BlockProposer, "propose", spy)
+    steps = step_costs.step_costs(torch.device("cpu"), torch.float32, context=16, repeats=2, verify=(3,),
                                      block_size=4, markov_rank=2)
     assert set(steps) == {"target", "draft-m", "eagle-head", "target x3", "block-drafter"}
     assert all(0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"] for s in steps.values())
@@ -370,13 +372,13 @@ def test_draft_step_bench_times_wider_passes_and_whole_block_rounds(monkeypatch)
 def test_draft_step_bench_times_the_head_eager_unless_asked_for_its_graph(monkeypatch):
     """The "eagle-head" row is the head's step eager, like the models beside it (on a GPU the proposer records its
     steps as CUDA graphs unless told not to); "eagle-head, graphed" only with graphed=True on a CUDA device."""
-    from specdec_utils.tools import draft_step_bench
+    from specdec_utils import step_costs
     built = []
-    proposer = draft_step_bench.EagleProposer
+    proposer = step_costs.EagleProposer
 
     def spy(head, *args, **kwargs):
         built.append(kwargs.get("graphs"))
         return proposer(head, *args, **kwargs)
-    monkeypatch.setattr(draft_step_bench, "EagleProposer", spy)
-    steps = draft_step_bench.measure(torch.device("cpu"), torch.float32, context=16, repeats=2, graphed=True)
+    monkeypatch.setattr(step_costs, "EagleProposer", spy)
+    steps = step_costs.step_costs(torch.device("cpu"), torch.float32, context=16, repeats=2, graphed=True)
     assert built == [False] and "eagle-head, graphed" not in steps  # no CUDA here: the eager row alone

@@ -246,7 +246,7 @@ def test_bad_arguments_fail_in_one_line():
 def test_the_trainer_lowers_the_block_loss_and_saves_what_it_measured(tmp_path):
     import json
 
-    from specdec_utils.tools import train_block, write_corpus
+    from specdec_lab import train_block, write_corpus
     corpus = tmp_path / "corpus.pt"
     assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "300", "--batch", "8",
                               "--new-tokens", "24", "--out", str(corpus), "--mix", "docs=1"]) == 0
@@ -278,11 +278,11 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_the_trainers_tau_is_the_engines(monkeypatch):
-    """`train_block.evaluate` counts rounds from one batched pass (teacher-forced); the engine decodes. With a
-    drafter right on some slots and wrong on others, the rounds they count are the same (the last ones aside,
-    where the engine's token budget cuts the drafts)."""
-    from specdec_utils.tools import train_block
-    from specdec_utils.tools.train_eagle import chain_rounds
+    """`train_block.evaluate` counts rounds from one batched pass (teacher-forced, `theory.simulate_rounds`); the
+    engine decodes. With a drafter right on some slots and wrong on others, the rounds are the same, the last ones
+    included, where the engine's token budget cuts the drafts (no bonus token past the continuation's end)."""
+    from specdec_lab import train_block
+    from specdec_utils.theory import simulate_rounds
     target, drafter, prompt, _, full = greedy_setup(40)
 
     def sometimes_right(self, context, anchors, starts, context_mask):
@@ -295,10 +295,10 @@ def test_the_trainers_tau_is_the_engines(monkeypatch):
                 logits[0, a, i, right if pos % 3 else (right + 1) % 64] = 10.0
         return logits
     monkeypatch.setattr(block.BlockDrafter, "forward", sometimes_right)
-    counted = chain_rounds(train_block.block_matches(drafter, target, full[None], prompt.shape[1]), 4)
-    decoded = [r.accepted + 1 for r in generate(target, prompt, 40, method="block", draft=drafter, gamma=4).rounds[1:]]
-    assert len(counted) > 8 and counted[:-2] == decoded[:len(counted) - 2]
-    assert len(set(counted)) > 1  # the rounds differ: a real check, not all-rejected
+    counted = simulate_rounds(train_block.block_matches(drafter, target, full[None], prompt.shape[1]), 4)
+    decoded = generate(target, prompt, 40, method="block", draft=drafter, gamma=4).rounds[1:]  # [0]: the prefill
+    assert len(counted) > 8 and [tuple(r) for r in counted] == [(r.drafted, r.accepted, r.new_tokens) for r in decoded]
+    assert len({r.new_tokens for r in counted}) > 1  # the rounds differ: a real check, not all-rejected
 
 
 # ------------------------------------------------------------------------------------------- on the device loop

@@ -85,14 +85,14 @@ def test_a_recorded_loop_survives_its_buffers_growing(models):
 @pytest.mark.slow
 def test_draft_step_bench_times_the_heads_graph_beside_its_eager_step(monkeypatch):
     """On a GPU `graphed=True` adds the head's step replayed from a CUDA graph; the eager row records no graph."""
-    from specdec_utils.tools import draft_step_bench
+    from specdec_utils import step_costs
     made = []
-    proposer = draft_step_bench.EagleProposer
+    proposer = step_costs.EagleProposer
 
     def keep(head, *args, **kwargs):
         made.append(proposer(head, *args, **kwargs))
         return made[-1]
-    monkeypatch.setattr(draft_step_bench, "EagleProposer", keep)
-    steps = draft_step_bench.measure(torch.device("cuda"), torch.bfloat16, context=16, repeats=3, graphed=True)
+    monkeypatch.setattr(step_costs, "EagleProposer", keep)
+    steps = step_costs.step_costs(torch.device("cuda"), torch.bfloat16, context=16, repeats=3, graphed=True)
     assert {"eagle-head", "eagle-head, graphed"} <= set(steps)
     assert [p.graphs for p in made] == [False, True] and len(made[0]._graphs) == 0 < len(made[1]._graphs)

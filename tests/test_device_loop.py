@@ -1,7 +1,7 @@
 """The greedy round on the device (core/device_loop.py): lossless against the target alone, and it accepts drafts.
 
 On the CPU the round runs op by op (the same tensor operations a CUDA graph records); the recording itself is
-checked by the CUDA-only test at the end and on the GPU by `tools/tree_graph_bench.py --part device`."""
+checked by the CUDA-only test at the end and on the GPU by `specdec_lab/tree_graph_bench.py --part device`."""
 import copy
 
 import pytest
@@ -90,12 +90,218 @@ def test_the_loop_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="plain Llama"):
         DeviceLoop(tiny_model("tiny-gpt2", vocab_size=64), gamma=0)
     loop = DeviceLoop(target, gamma=0)
-    with pytest.raises(ValueError, match="at least 2 tokens"):
-        loop.generate(torch.tensor([[5]]), 4)
     with pytest.raises(ValueError, match="one prompt at a time"):
         loop.generate(torch.ones(2, 5, dtype=torch.long), 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
         loop.generate(torch.tensor([[5, 6]]), 0)
+    # the engine's words (`generate`): an empty prompt, a bool for a count, float ids
+    for prompt, n, message in ((torch.zeros(1, 0, dtype=torch.long), 4, "input_ids must hold at least one token"),
+                               (torch.tensor([[5, 6]]), True, "max_new_tokens must be an integer >= 1, got True"),
+                               (torch.tensor([[5.0, 6.0]]), 4, "input_ids must hold integer token ids")):
+        with pytest.raises(ValueError, match=message):
+            loop.generate(prompt, n)
+        with pytest.raises(ValueError, match=message):
+            generate(target, prompt, n, method="ar")
+
+
+# ------------------------------------------------------------------------------ one rule for both executors
+def test_a_one_token_prompt_runs_on_the_device():
+    """A one-token prompt (the engine takes it): the target's pass over that token is the prefill and gives the
+    first new token, as the engine's first round of an EAGLE head (no features yet: nothing drafted); then the loop
+    goes on as for a two-token prompt. Every loop writes the target alone's tokens; that pass is one target call and
+    one round that drafted nothing."""
+    from specdec_utils.core.block import block_drafter_for
+    target = random_model("tiny-llama", seed=0)
+    draft = noisy_copy(target, noise=0.02, seed=1)
+    head = random_eagle_head(target, 2)
+    cases = loops(target, draft, head)
+    cases["eagle tree 3x2x5"] = DeviceTreeLoop(target, head, depth=3, topk=2, nodes=5)
+    cases["block 3"] = DeviceLoop(target, drafter=block_drafter_for(target, block_size=4), gamma=3)
+    for seed in (5, 6):
+        ids = random_prompt(1, seed=seed)
+        for n in (1, 2, 30):
+            reference = generate(target, ids, n, method="ar").new_token_ids
+            for name, loop in cases.items():
+                out = loop.generate(ids, n)
+                assert out.new_token_ids == reference, (name, seed, n)
+                first = out.rounds[0]
+                assert (first.drafted, first.accepted, first.new_tokens, first.stop) == (0, 0, 1, "no draft"), name
+                assert out.target_calls == len(out.rounds), name  # the prefill's pass made a token: it is a round
+                assert out.draft_calls == sum(r.draft_calls for r in out.rounds), name
+        assert cases["greedy 4"].generate(ids, 30).tokens_per_round > 1.5
+
+
+def test_a_sampled_one_token_prompt_draws_what_the_engine_draws():
+    """The first token of a one-token prompt is drawn from the target's warped distribution with one uniform, as the
+    engine's first EAGLE round draws it: the same seed gives the engine's tokens (up to its first round that drafts
+    less than the device's, near the budget)."""
+    target = random_model("tiny-llama", seed=0, vocab=16)
+    head = random_eagle_head(target, 2)
+    for seed in range(3):
+        ids = random_prompt(1, seed=seed, vocab=16)
+        for method, loop, params in (
+                ("eagle-chain", DeviceLoop(target, head=head, gamma=4, temperature=1.0), None),
+                ("eagle", DeviceTreeLoop(target, head, depth=4, topk=3, nodes=10, temperature=1.0),
+                 {"width": 3, "tree_nodes": 10})):
+            engine = generate(target, ids, 40, method=method, eagle=head, gamma=4, temperature=1.0, params=params,
+                              generator=torch.Generator().manual_seed(seed))
+            got = loop.generate(ids, 40, generator=torch.Generator().manual_seed(seed))
+            made = [sum(r.new_tokens for r in engine.rounds[:i]) for i in range(len(engine.rounds) + 1)]
+            k = next(i for i in range(len(engine.rounds) + 1) if i == len(engine.rounds) or 40 - made[i] <= 4)
+            n = made[k]  # the tokens of the rounds before the first one the budget cut (depth or chain of 4)
+            assert n >= 20 and got.new_token_ids[:n] == engine.new_token_ids[:n], (method, seed)
+            assert [r.accepted for r in got.rounds[:k]] == [r.accepted for r in engine.rounds[:k]], (method, seed)
+
+
+def round_counts(result, rounds=slice(None)):
+    """What both executors must agree on (`GenerationResult`'s docstring): the tokens, and round by round the
+    accepted drafts, the new tokens and the stop reason."""
+    return {"tokens": result.new_token_ids,
+            "rounds": [(r.accepted, r.new_tokens, r.stop) for r in result.rounds[rounds]]}
+
+
+def test_the_two_executors_count_alike_up_to_the_budget():
+    """Same method, same prompt, the engine and `DeviceExecutor`: the same tokens and, round by round, the same
+    accepted drafts, new tokens and stop reason ("budget" where the budget left less than gamma + 1 tokens), so the
+    same accepted, accepted_per_position and tokens_per_round; the device loop runs one more target pass (its prefill
+    commits no token) and drafts gamma tokens in the budget's round too, past the ones it keeps."""
+    from specdec_utils.core.device_loop import DeviceExecutor
+    target = random_model("tiny-llama", seed=0, vocab=6)  # a small vocabulary: drafts are kept often
+    draft = noisy_copy(target, noise=0.2, seed=1)
+    executor = DeviceExecutor()
+    budget_rounds = 0
+    for seed in range(3):
+        ids = random_prompt(8, seed=seed, vocab=6)
+        for method, gamma in (("draft", 4), ("draft", 3), ("ar", None)):
+            for n in (1, 2, 5, 17, 18, 19, 20, 31):
+                engine = generate(target, ids, n, method=method, draft=draft, gamma=gamma)
+                device = generate(target, ids, n, method=method, draft=draft, gamma=gamma, executor=executor)
+                case = (seed, method, gamma, n)
+                assert round_counts(device) == round_counts(engine), case
+                assert (device.accepted, device.accepted_per_position) == \
+                       (engine.accepted, engine.accepted_per_position), case
+                assert device.tokens_per_round == engine.tokens_per_round, case
+                assert device.target_calls == engine.target_calls + 1 == len(device.rounds) + 1, case
+                assert device.drafted == len(device.rounds) * (gamma or 0) >= engine.drafted, case
+                budget_rounds += device.rounds[-1].stop == "budget"
+    assert budget_rounds > 20
+
+
+def test_an_eagle_chain_counts_alike_on_both_executors():
+    """An EAGLE chain: the engine's first round has no features and drafts nothing; from the prompt and that token the
+    device loop drafts what the engine's later rounds draft, and counts them alike up to the budget."""
+    target = random_model("tiny-llama", seed=0, vocab=6)
+    head = random_eagle_head(target, 2)
+    for seed in range(3):
+        ids = random_prompt(8, seed=seed, vocab=6)
+        for n in (7, 20, 21, 22, 23):
+            engine = generate(target, ids, n, method="eagle-chain", eagle=head, gamma=4)
+            prompt = torch.cat([ids, torch.tensor([engine.new_token_ids[:1]])], 1)
+            device = DeviceLoop(target, head=head, gamma=4).generate(prompt, n - 1)
+            assert device.new_token_ids == engine.new_token_ids[1:], (seed, n)
+            assert round_counts(device)["rounds"] == round_counts(engine, slice(1, None))["rounds"], (seed, n)
+            assert device.accepted == engine.accepted and device.accepted_per_position == engine.accepted_per_position
+
+
+def test_no_executor_counts_a_draft_past_the_budget():
+    """Whatever the loop (a tree's last round may keep a shorter path than the engine's smaller tree: it is not
+    compared to the engine here), a round's accepted drafts are at most its new tokens - 1, the stop reason says
+    when the budget cut the round, and the sums are the rounds' sums."""
+    target = random_model("tiny-llama", seed=1, vocab=6)
+    head = random_eagle_head(target, 3)
+    ids = random_prompt(7, seed=2, vocab=6)
+    for loop, full, cut in ((DeviceLoop(target, draft=copy.deepcopy(target), gamma=3), "gamma", "budget"),
+                            (DeviceTreeLoop(target, head, depth=2, topk=6, nodes=42), "tree", "tree")):
+        for n in (1, 2, 3, 4, 5, 29, 30, 31):
+            out = loop.generate(ids, n)
+            assert len(out.new_token_ids) == n
+            assert all(r.accepted == r.new_tokens - 1 for r in out.rounds), (loop.method, n)
+            assert out.accepted == sum(out.accepted_per_round) == sum(out.accepted_per_position)
+            left = n - sum(r.new_tokens for r in out.rounds[:-1])
+            last = "budget" if left == 1 else cut if left <= loop.gamma else full
+            assert [r.stop for r in out.rounds] == [full] * (len(out.rounds) - 1) + [last], (loop.method, n)
+
+
+def test_the_counts_follow_one_rule():
+    """`GenerationResult`'s rule: a round is a target pass that commits tokens, `target_calls` every target pass. The
+    engine's prefill is its first round's pass; the device loop's prefill (all of the prompt but its last token)
+    commits nothing and is no round, except for a one-token prompt, whose prefill pass makes the first token."""
+    target = random_model("tiny-llama", seed=3)
+    ids = random_prompt(7, seed=1)
+    engine = generate(target, ids, 38, method="greedy", draft=copy.deepcopy(target), gamma=3)
+    assert engine.target_calls == len(engine.rounds) and engine.tokens_per_round == engine.tokens_per_target_call
+    device = DeviceLoop(target, draft=copy.deepcopy(target), gamma=3).generate(ids, 38)
+    assert device.target_calls == len(device.rounds) + 1 and device.tokens_per_round == 3.8
+    assert device.tokens_per_target_call == 38 / 11
+
+
+def test_the_executors_and_the_warp_take_the_same_arguments():
+    """One set of rules (`core.checks`) for the engine's `generate`, the device loop and `warp_logits`: each value is
+    taken by all three or refused by all three in the same words."""
+    import numpy as np
+
+    from specdec_utils.core.device_loop import DeviceExecutor
+    from specdec_utils.core.sampling import warp_logits
+    target = random_model("tiny-llama", seed=0, vocab=16)
+    draft = noisy_copy(target, noise=0.1, seed=1)
+    ids = random_prompt(3, seed=0, vocab=16)
+
+    def outcome(call):
+        try:
+            call()
+        except (ValueError, TypeError) as error:
+            return f"{type(error).__name__}: {error}"
+        return "taken"
+    sampled = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    taken = {"temperature": (0, 0.0, 1e-6, 0.7, np.float64(0.5)), "top_k": (0, 3, np.int64(3)),
+             "top_p": (1, 1.0, 0.5, np.float32(0.9))}
+    refused = {"temperature": (-1.0, 1e-9, 1e-46, float("inf"), float("nan"), True, "1"), "top_k": (-1, 2.5, True),
+               "top_p": (0, 1.5, float("nan"), True)}
+    for name in taken:
+        for value in taken[name] + refused[name]:
+            options = {**sampled, name: value}
+            results = {
+                "engine": outcome(lambda: generate(target, ids, 2, method="ar", **options)),
+                "device": outcome(lambda: DeviceLoop(target, gamma=0, **options).generate(ids, 2)),
+                "warp": outcome(lambda: warp_logits(torch.zeros(4), **options)),
+            }
+            assert len(set(results.values())) == 1, (name, value, results)
+            assert (results["engine"] == "taken") == any(value is v for v in taken[name]), (name, value, results)
+    for n in (1, np.int64(3), 0, True, 2.0):  # max_new_tokens
+        results = {"engine": outcome(lambda: generate(target, ids, n, method="ar")),
+                   "device": outcome(lambda: DeviceLoop(target, gamma=0).generate(ids, n))}
+        assert len(set(results.values())) == 1, (n, results)
+    for gamma in (np.int64(2), 2):  # a numpy gamma: the engine takes it, so the device executor does
+        engine = generate(target, ids, 9, method="draft", draft=draft, gamma=gamma)
+        device = generate(target, ids, 9, method="draft", draft=draft, gamma=gamma, executor=DeviceExecutor())
+        assert device.new_token_ids == engine.new_token_ids and len(device.accepted_per_position) == 2
+    for gamma, message in ((True, "gamma must be an integer >= 1, got True"), (0, "gamma must be an integer >= 1")):
+        for executor in (None, DeviceExecutor()):
+            with pytest.raises(ValueError, match=message):
+                generate(target, ids, 9, method="draft", draft=draft, gamma=gamma, executor=executor)
+    with pytest.raises(ValueError, match="gamma must be an integer >= 0 .*got True"):
+        DeviceLoop(target, draft=draft, gamma=True)
+    with pytest.raises(ValueError, match="depth must be an integer >= 1, got True"):
+        DeviceTreeLoop(target, eagle.eagle_head_for(target), depth=True, topk=2, nodes=2)
+
+
+def test_a_tree_whose_selection_misses_a_parent_is_an_error():
+    """The tree's verified rows find each node's parent among the selected nodes; the selection is ancestor-closed (a
+    child never outranks its parent), so a parent is always there. Were it not (here: a child scored above its
+    parent), the round must not verify that node at some other row: the loop says so, through the read-back every
+    round already does (no extra host read inside the round)."""
+    target = random_model("tiny-llama", seed=0)
+    loop = DeviceTreeLoop(target, random_eagle_head(target, 2), depth=2, topk=2, nodes=2)
+    grow = loop._grow
+
+    def child_above_its_parent(L):  # the pool: depth-1 nodes 0, 1; their children 2, 3 (of 0) and 4, 5 (of 1)
+        tokens, scores, parents, depths = grow(L)
+        return tokens, torch.tensor([0.0, -10.0, -20.0, -20.0, -1.0, -20.0]), parents, depths
+    ids = random_prompt(5, seed=1)
+    assert loop.generate(ids, 6).new_token_ids == generate(target, ids, 6, method="ar").new_token_ids
+    loop._grow = child_above_its_parent
+    with pytest.raises(RuntimeError, match="not ancestor-closed"):
+        loop.generate(ids, 6)
 
 
 @pytest.mark.cuda
@@ -181,7 +387,7 @@ def test_the_loop_runs_outside_no_grad_with_a_trainable_head():
 def test_the_board_interleaves_the_loops_prompt_by_prompt():
     """Each prompt visits every loop once, and over as many prompts as there are loops each loop takes each place
     once: a drift of the machine cannot land on one loop's whole run."""
-    from specdec_utils.tools.tree_graph_bench import interleaved_order
+    from specdec_lab.tree_graph_bench import interleaved_order
     labels = ["ar", "chain", "tree", "engine"]
     orders = [interleaved_order(labels, i) for i in range(8)]
     assert all(sorted(o) == sorted(labels) for o in orders)
@@ -199,11 +405,12 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     import subprocess
     import sys
 
-    from specdec_utils.core.eagle import earlier_head_note as eagle_note
-    from specdec_utils.models import MODELS_DIR, earlier_draft_note, weights_facts
+    from specdec_lab.provenance import earlier_draft_note
+    from specdec_lab.provenance import earlier_head_note as eagle_note
+    from specdec_utils.models import MODELS_DIR, weights_facts
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+        done = subprocess.run([sys.executable, "-m", "specdec_lab.tree_graph_bench", "--device", "cpu",
                                "--prompts", "1", "--max-new-tokens", "8", *args], capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -233,12 +440,12 @@ def test_the_gpu_benchmark_device_parts_run_on_the_cpu(tmp_path):
     assert merged["eagle_head"] == board["eagle_head"] and merged["draft_weights"] == board["draft_weights"]
     other = dict(board, eagle_head=dict(board["eagle_head"], weights_sha256="0" * 16))  # a run of another head
     (tmp_path / "other.json").write_text(json.dumps(other))
-    refused = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--part", "merge",
+    refused = subprocess.run([sys.executable, "-m", "specdec_lab.tree_graph_bench", "--part", "merge",
                               "--inputs", f"{tmp_path / 'board.json'},{tmp_path / 'other.json'}",
                               "--out", str(tmp_path / "mixed.json")], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "differ in 'eagle_head'" in refused.stderr + refused.stdout
     (tmp_path / "tune_other.json").write_text(json.dumps(dict(tune, eagle_head=other["eagle_head"])))
-    refused = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+    refused = subprocess.run([sys.executable, "-m", "specdec_lab.tree_graph_bench", "--device", "cpu",
                               "--prompts", "1", "--max-new-tokens", "8", "--part", "device-board", "--repeats", "1",
                               "--tuned", str(tmp_path / "tune_other.json"), "--out", str(tmp_path / "b2.json")],
                              capture_output=True, text=True, timeout=600)
@@ -301,7 +508,7 @@ def test_the_triton_attention_gives_the_same_tokens():
     with pytest.raises(ValueError, match="attention must be 'sdpa'"):
         DeviceLoop(target, gamma=0, attention="flash")
     # the benchmark's `--attention both`: every loop twice, the kernel's labelled
-    from specdec_utils.tools.tree_graph_bench import _device_loops
+    from specdec_lab.tree_graph_bench import _device_loops
     loops = _device_loops(target, draft, head, 64, False, {"greedy": 2, "eagle-chain": 2, "eagle": (2, 2, 3)},
                           attentions=("sdpa", "triton"))
     assert {k: v.attention for k, v in loops.items()} == {
@@ -636,7 +843,7 @@ def test_sampling_refuses_what_it_cannot_run():
 
 def test_the_round_profile_reads_its_loop_specs():
     """`tools.round_profile` (GPU only) builds each loop from KIND@COMPILE[@ATTENTION]; a bad spec gets one line."""
-    from specdec_utils.tools.round_profile import build
+    from specdec_lab.round_profile import build
     target = random_model("tiny-llama", seed=0)
     head = random_eagle_head(target, 2)
     tree = build("tree3x2x4@none@triton", target, head, 64)
@@ -661,7 +868,7 @@ def test_the_gpu_benchmark_runs_a_block_drafter_beside_the_others(tmp_path):
     block_drafter_for(target, block_size=4, vocab_ids=torch.arange(8192), markov_rank=4).save(tmp_path / "drafter")
 
     def run(*args):
-        done = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--device", "cpu",
+        done = subprocess.run([sys.executable, "-m", "specdec_lab.tree_graph_bench", "--device", "cpu",
                                "--prompts", "1", "--max-new-tokens", "8", "--block", str(tmp_path / "drafter"),
                                *args], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]

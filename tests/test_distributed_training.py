@@ -1,11 +1,11 @@
-"""Data-parallel training (tools/distributed.py) and training in sittings (the trainers' checkpoints), on the CPU:
+"""Data-parallel training (specdec_lab/distributed.py) and training in sittings (the trainers' checkpoints), on the CPU:
 two copies over gloo train exactly as one process on the global batch (the EAGLE trainer and the draft trainer), and
 a run stopped and resumed from its checkpoint ends with the weights of a run that never stopped (both trainers)."""
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from specdec_utils.tools import distributed, train_eagle
+from specdec_lab import distributed, train_eagle
 
 from conftest import random_model
 
@@ -62,7 +62,7 @@ def draft_trained(batch_size: int, steps: int = 3, **options) -> dict:
     equal-length rows."""
     from test_train_draft import tiny_draft
 
-    from specdec_utils.tools import train_draft
+    from specdec_lab import train_draft
     target = random_model("tiny-llama", seed=0, vocab=64)
     for p in target.parameters():
         p.requires_grad_(False)
@@ -94,7 +94,7 @@ def test_two_copies_distil_a_draft_as_one_process_on_the_global_batch(tmp_path):
 
 
 def _corpus_copy(rank: int, rendezvous: str, out: str) -> None:
-    from specdec_utils.tools import write_corpus
+    from specdec_lab import write_corpus
     torch.set_num_threads(1)
     write_corpus.QUESTION_TOKENS = 8  # a random model seldom ends its question anyway
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
@@ -105,7 +105,7 @@ def _corpus_copy(rank: int, rendezvous: str, out: str) -> None:
 def test_two_copies_write_one_corpus_each_its_share_from_its_own_seed(tmp_path, monkeypatch):
     import json
 
-    from specdec_utils.tools import write_corpus
+    from specdec_lab import write_corpus
     out = tmp_path / "corpus.pt"
     mp.spawn(_corpus_copy, args=(str(tmp_path / "rendezvous"), str(out)), nprocs=2, join=True)
     joined, log = write_corpus.load_corpus(out), json.loads(out.with_suffix(".json").read_text())

@@ -12,6 +12,7 @@ from specdec_utils.core.engine import Sampler
 from specdec_utils.core.hidden import capture_hidden
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
+from specdec_utils.utils import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is fastest (see conftest)
 
@@ -195,7 +196,7 @@ def test_eagle_methods_refuse_bad_input():
 
 
 def test_train_eagle_cli_trains_saves_and_goes_on_from_a_saved_head(tmp_path, capsys):
-    from specdec_utils.tools import train_eagle, write_corpus
+    from specdec_lab import train_eagle, write_corpus
     corpus = tmp_path / "corpus.pt"
     assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "60", "--batch", "4",
                               "--new-tokens", "12", "--out", str(corpus), "--mix", "code=1"]) == 0
@@ -311,7 +312,7 @@ class _CharTokenizer:
 
 
 def test_eagle_tau_measures_every_head_and_shape_and_checks_them_against_ar(monkeypatch):
-    from specdec_utils.tools import eagle_tau
+    from specdec_lab import eagle_tau
     monkeypatch.setattr(eagle_tau, "format_prompt", lambda tokenizer, row: row["prompt"])
     target = tiny_target(48, seed=2)
     heads = {"a": random_head(target, seed=1), "b": random_head(target, seed=2)}
@@ -325,7 +326,7 @@ def test_eagle_tau_measures_every_head_and_shape_and_checks_them_against_ar(monk
 
 
 def test_eagle_tau_parses_shapes_and_heads_and_refuses_bad_ones():
-    from specdec_utils.tools import eagle_tau
+    from specdec_lab import eagle_tau
     assert eagle_tau.parse_shape("chain6") == {"name": "chain6", "method": "eagle-chain", "gamma": 6, "params": {}}
     assert eagle_tau.parse_shape("tree7x10x60")["params"] == {"width": 10, "tree_nodes": 60}
     assert eagle_tau.parse_shape("tree7x10x60")["gamma"] == 7
@@ -339,23 +340,24 @@ def test_eagle_tau_parses_shapes_and_heads_and_refuses_bad_ones():
 
 
 def test_eagle_tau_summary_pools_tokens_over_passes():
-    from specdec_utils.tools import eagle_tau
+    from specdec_utils import measure
     result = {"prompts": ["p0", "p1"], "runs": {"a/chain2": {"head": "a", "shape": "chain2", "new": [8, 4],
                                                              "passes": [2, 4], "same_as_ar": [True, False]}}}
-    (row,) = eagle_tau.summarize(result)
+    (row,) = measure.decoded_taus(result)
     assert row["tau"].value == pytest.approx(12 / 6) and (row["same_as_ar"], row["prompts"]) == (1, 2)
     assert row["tau_round"].value == pytest.approx(10 / 4)  # the prefill's pass and its token left out
     assert row["tau"].low >= 1.0 and row["tau"].high <= 4.0  # the two prompts' own tau bound every resample
 
 
 def test_eagle_tau_describes_shapes():
-    from specdec_utils.tools import eagle_tau
-    assert eagle_tau.describe(eagle_tau.parse_shape("chain6")) == "`eagle-chain`, gamma 6"
-    assert eagle_tau.describe(eagle_tau.parse_shape("tree7x10x60")) == "`eagle`, tree 7x10x60"
+    from specdec_lab import eagle_tau
+    from specdec_utils import measure
+    assert measure.describe_shape(eagle_tau.parse_shape("chain6")) == "`eagle-chain`, gamma 6"
+    assert measure.describe_shape(eagle_tau.parse_shape("tree7x10x60")) == "`eagle`, tree 7x10x60"
 
 
 def test_eagle_tau_difference_is_paired_over_prompts():
-    from specdec_utils.tools import eagle_tau
+    from specdec_lab import eagle_tau
     # b is a exactly 0.5 tokens per round worse on every prompt, prompts of very different difficulty
     result = {"prompts": ["p0", "p1", "p2"], "runs": {
         "a/x": {"new": [21, 41, 11], "passes": [11, 11, 11]}, "b/x": {"new": [16, 36, 6], "passes": [11, 11, 11]}}}
@@ -364,7 +366,7 @@ def test_eagle_tau_difference_is_paired_over_prompts():
 
 
 def test_eagle_tau_best_per_head_keeps_chains_within_the_cap():
-    from specdec_utils.tools import eagle_tau
+    from specdec_lab import eagle_tau
     shapes = [eagle_tau.parse_shape(s) for s in ("chain6", "chain8", "tree2x2x3")]
     runs = {"h/chain6": [20, 10], "h/chain8": [40, 10], "h/tree2x2x3": [37, 10]}  # new tokens, passes (one prompt)
     result = {"prompts": ["p0"], "heads": {"h": {}}, "shapes": shapes,
@@ -375,53 +377,34 @@ def test_eagle_tau_best_per_head_keeps_chains_within_the_cap():
     assert best["eagle"]["shape"] == "tree2x2x3" and best["eagle"]["tau_round"].value == pytest.approx(4.0)
 
 
-def test_acceptance_by_position_counts_the_rounds_chain_rounds_walks():
-    """Position k + 1 is reached by the rounds whose first k drafts were accepted (and whose draft there lies inside
-    the continuation); the counts add up to chain_rounds' tokens, and a hand-made matrix gives its known rates."""
-    from specdec_utils.tools.train_eagle import acceptance_by_position, by_position, chain_rounds
+def test_by_position_pools_the_simulated_rounds_position_counts():
+    """The trainers' per-position counts (`theory.position_counts` of `theory.simulate_rounds`, the engine's rounds):
+    position k + 1 is reached by the rounds that drafted it after k accepted drafts; the counts add up to the rounds'
+    tokens, a hand-made matrix gives its known counts, and `by_position` pools them over prompts."""
+    from specdec_lab.train_eagle import by_position
+    from specdec_utils.theory import position_counts, simulate_rounds
     T, F = True, False
     matches = torch.tensor([[T, T, F], [F, F, F], [F, F, F], [T, F, F], [F, F, F], [T, F, F], [F, F, F]])
-    # rounds: m=0 accepts 2 (next m=3); m=3 accepts 1 (m=5); m=5 has one position inside (m+1+k < 7: k=0) and accepts it
-    # (a draft past the continuation's end never matches)
-    reached, accepted = acceptance_by_position(matches, 3)
-    assert (reached, accepted) == ([3, 2, 1], [3, 1, 0])
-    rounds = chain_rounds(matches, 3)
-    assert sum(accepted) == sum(rounds) - len(rounds)
+    # 7 tokens, the first from the prefill: m=0 drafts 3, accepts 2 (next m=3); m=3 has room for 2 drafts (7 - 4 - 1),
+    # accepts 1 (m=5); m=5 has room for none (its one draft plus the target's token would pass the 7th token)
+    rounds = simulate_rounds(matches, 3)
+    assert [tuple(r) for r in rounds] == [(3, 2, 3), (2, 1, 2), (0, 0, 1)]
+    reached, accepted = position_counts(rounds, 3)
+    assert (reached, accepted) == ([2, 2, 1], [2, 1, 0])
+    assert sum(accepted) == sum(r.new_tokens for r in rounds) - len(rounds) == 7 - 1 - 3
     generator = torch.Generator().manual_seed(0)
     pairs = []
     for _ in range(20):
         inside = torch.arange(30)[:, None] + 1 + torch.arange(5) < 30
         m = (torch.rand(30, 5, generator=generator) < 0.6) & inside
-        reached, accepted = acceptance_by_position(m, 5)
-        rounds = chain_rounds(m, 5)
-        assert sum(accepted) == sum(rounds) - len(rounds) and reached[0] == len(rounds)
+        rounds = simulate_rounds(m, 5)
+        reached, accepted = position_counts(rounds, 5)
+        assert sum(accepted) == sum(r.new_tokens for r in rounds) - len(rounds)
+        assert reached[0] == sum(r.drafted > 0 for r in rounds) and sum(r.new_tokens for r in rounds) == 30 - 1
         pairs.append((reached, accepted))
     pooled = by_position(pairs)
     assert pooled["reached"][0] >= pooled["reached"][-1] and all(0.4 < r < 0.8 for r in pooled["rate"][:3])
-
-
-def test_earlier_head_note_renders_the_shipped_heads_recorded_comparison(tmp_path):
-    """The sentence under committed runs that predate the shipped head: its facts are the config's `replaced` entry and
-    the paired measurement it names (recomputed here from that file), and a head that replaced none gets no note."""
-    shipped = eagle.MODELS_DIR / eagle.EAGLE_NAME
-    config = json.loads((shipped / "config.json").read_text())
-    before = config["replaced"]
-    where = before["measured"]
-    measured = json.loads((eagle.REPO_ROOT / where["file"]).read_text())[where["entry"]]
-    note = eagle.earlier_head_note("These runs")
-    assert note.startswith(f"These runs used the EAGLE head the course shipped until {before['until']}")
-    assert f"({before['trained_steps']:,} training steps)" in note
-    assert f"{config['trained_steps'] - before['trained_steps']:,} steps further" in note
-    assert f"keeps {measured['heads'][where['now']]['tau_gamma6']:.2f} tokens per drafting round" in note
-    assert f"earlier head's {measured['heads'][where['before']]['tau_gamma6']:.2f}" in note
-    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau_gamma6"]
-    assert f"({diff:+.2f}, 95% interval {low:+.2f} to {high:+.2f}, paired by prompt" in note and low <= diff <= high
-    assert measured["heads"][where["now"]]["tau_gamma6"] > measured["heads"][where["before"]]["tau_gamma6"]
-    # runs that recorded their head: the note only when it was the replaced one
-    assert eagle.earlier_head_note("These runs", used={"weights_sha256": before["weights_sha256"]}) == note
-    assert eagle.earlier_head_note("These runs", used={"weights_sha256": "0" * 16}) == ""
-    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "replaced"}))
-    assert eagle.earlier_head_note("These runs", tmp_path) == ""
+    json.dumps(pooled)  # plain ints: the trainers write these counts to JSON
 
 
 def test_head_facts_name_a_head_without_private_paths(tmp_path):
@@ -436,7 +419,7 @@ def test_head_facts_name_a_head_without_private_paths(tmp_path):
     assert by_name["from"] == eagle.EAGLE_NAME and by_name["trained_steps"] == 7
     assert len(by_name["weights_sha256"]) == 16
     inside = eagle.head_facts(head, str(shipped))
-    assert inside == dict(by_name, **{"from": str(shipped.relative_to(eagle.REPO_ROOT))})
+    assert inside == dict(by_name, **{"from": str(shipped.relative_to(REPO_ROOT))})
     shutil.copytree(shipped, tmp_path / "my-head")
     outside = eagle.head_facts(head, str(tmp_path / "my-head"))
     assert outside == dict(by_name, **{"from": "my-head"})  # same weights, same hash

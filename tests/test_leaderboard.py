@@ -1,4 +1,5 @@
-"""The leaderboard renderer (notebook 10) on the committed results and on hand-made records: no GPU, no model."""
+"""The leaderboard (notebook 10): the learner's reader (`specdec_utils.leaderboard`) and the lab's command line
+(`specdec_lab.leaderboard`), on the committed results and on hand-made records: no GPU, no model."""
 import copy
 import json
 import subprocess
@@ -6,7 +7,8 @@ import sys
 
 import pytest
 
-from specdec_utils.tools import leaderboard as lb
+from specdec_lab import leaderboard as cli
+from specdec_utils import leaderboard as lb
 from specdec_utils.utils import REPO_ROOT
 
 
@@ -35,7 +37,7 @@ def test_summary_numbers(run):
     # both prompts are 2x faster: every bootstrap resample gives 2x, so the interval is a point and the word "faster"
     assert (rows["greedy"]["speedup_ci"].low, rows["greedy"]["speedup_ci"].high) == (2.0, 2.0)
     assert rows["greedy"]["verdict"] == "faster" and rows["ar"]["verdict"] == "-"
-    text = lb.markdown([run])
+    text = cli.markdown([run])
     assert "| `greedy` | 13.3 | **2.00x** (2.00-2.00) | faster | 2.22 | 0.85 | 1/2 | 2.00x | 2.00x |" in text
     assert "| `ar` | 6.7 | **1.00x** (baseline) | - | 1.00 |" in text
     assert "some CPU, bfloat16, eager, greedy (torch 2.13; 2026-11-23)" in text
@@ -50,7 +52,7 @@ def test_speedup_intervals_and_verdicts(run):
     assert mixed.low < 1 < mixed.high and rows["mixed"]["verdict"] == "a tie within the spread"
     assert slow.high < 1 and rows["slow"]["verdict"] == "slower"
     assert mixed.value == pytest.approx(rows["mixed"]["speedup"])
-    text = lb.markdown([run])
+    text = cli.markdown([run])
     assert f"| `slow` | 3.3 | **0.50x** ({slow.low:.2f}-{slow.high:.2f}) | slower |" in text
 
 
@@ -70,10 +72,10 @@ def test_sampled_runs_do_not_compare_tokens(run):
 def test_bad_files_give_one_line(tmp_path, capsys, run, change, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(change(copy.deepcopy(run))))
-    assert lb.main([str(path)]) == 2
+    assert cli.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("leaderboard: error: ") and message in err and err.count("\n") == 1
-    assert lb.main([str(tmp_path / "none.json")]) == 2
+    assert cli.main([str(tmp_path / "none.json")]) == 2
     assert "no such results file" in capsys.readouterr().err
 
 
@@ -83,7 +85,7 @@ def test_the_committed_board_renders(tmp_path):
     runs = lb.load(files)
     for records in runs:
         assert {"device_name", "dtype", "versions", "date"} <= records[0].keys()
-    out = subprocess.run([sys.executable, "-m", "specdec_utils.tools.leaderboard", "--out-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "specdec_lab.leaderboard", "--out-dir", str(tmp_path)],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("### ") == len(files) and "| `ar` |" in out.stdout
@@ -94,11 +96,19 @@ def test_the_committed_board_renders(tmp_path):
 def test_result_name_slugs_the_whole_device_name(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    assert lb.result_name(torch.device("cuda"), "bfloat16", True, False) == \
+    assert cli.result_name(torch.device("cuda"), "bfloat16", True, False) == \
         "leaderboard_gpu_nvidia_h100_80gb_hbm3_bfloat16_graphed.json"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")  # one word after the vendor
-    assert lb.result_name(torch.device("cuda"), "float32", False, True) == \
+    assert cli.result_name(torch.device("cuda"), "float32", False, True) == \
         "leaderboard_gpu_tesla_t4_float32_sampled.json"
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert lb.result_name(torch.device("cpu"), "float32", False, False) == "leaderboard_cpu_avx512_float32.json"
-    assert lb.slug("  Radeon (TM) 7900 XTX ") == "radeon_tm_7900_xtx" and lb.slug("") == "unknown"
+    assert cli.result_name(torch.device("cpu"), "float32", False, False) == "leaderboard_cpu_avx512_float32.json"
+    assert cli.slug("  Radeon (TM) 7900 XTX ") == "radeon_tm_7900_xtx" and cli.slug("") == "unknown"
+
+
+def test_the_lab_uses_the_learner_reader_and_a_lesson_needs_no_lab():
+    for name in ("load", "committed_files", "setting", "summarize", "plot", "LeaderboardError", "BENCH_DIR"):
+        assert getattr(cli, name) is getattr(lb, name), name
+    code = "import sys, specdec_utils.leaderboard; print(sorted(m for m in sys.modules if m.startswith('specdec_lab')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

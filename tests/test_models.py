@@ -79,9 +79,9 @@ def test_shipped_drafts(target_tokenizer, name, layers, max_bytes):
     stored = [p for p in (MODELS_DIR / name / f, MODELS_DIR / name / (f + PACKED)) if p.exists()]
     assert stored and all(p.stat().st_size < max_bytes for p in stored)
     record = json.loads((MODELS_DIR / name / "training_log.json").read_text())
-    # the command as it was run: the trainer moved from specdec_utils/ to specdec_utils/tools/ afterwards
-    assert record["command"].startswith(("python -m specdec_utils.tools.train_draft",
-                                         "python -m specdec_utils.train_draft"))
+    # the command as it was run: the trainer moved from specdec_utils/ to specdec_lab/ afterwards
+    assert record["command"].startswith(("python -m specdec_lab.train_draft",
+                                         "python -m specdec_lab.train_draft"))
     assert {"agreement", "tau", "alpha_tv"} <= set(record["eval"])
 
 
@@ -165,7 +165,7 @@ def test_the_colab_presets_stand_ins_load_offline_through_the_hub_path(tmp_path)
     """`tools.hub_standins` writes the preset's hub models where `load_model(hub id)` finds them offline: the
     135M as the offline target itself, the others in their published configurations (checked by their parameter
     counts, built on the meta device) with random weights; a small configuration stands in for the 1.7B here."""
-    from specdec_utils.tools import hub_standins
+    from specdec_lab import hub_standins
     counts = {}
     for repo_id, config in hub_standins.CONFIGS.items():
         with torch.device("meta"):

@@ -1,11 +1,11 @@
-"""The trainers' objectives (specdec_utils/tools/objectives.py): the acceptance term is speculative sampling's
+"""The trainers' objectives (specdec_utils/objectives.py): the acceptance term is speculative sampling's
 acceptance probability, computed here from its definition (accept a drafted x with min(1, p(x)/q(x))) and by running
 the course's own accept/reject step; KL is KL; a bad name is refused with one line."""
 import pytest
 import torch
 
+from specdec_utils import objectives
 from specdec_utils.core.sampling import rejection_sample
-from specdec_utils.tools import objectives
 
 
 def dists(seed, n=6, shape=(3,)):

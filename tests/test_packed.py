@@ -3,7 +3,6 @@ through its normal loader bit for bit as before; a plain file beside a stale pac
 built once, reused without reading the weights again, and renamed into place whole even when another process wins
 the race; `python -m specdec_utils --pack` fails with one line on a bad folder."""
 import hashlib
-import json
 import os
 
 import pytest
@@ -221,40 +220,3 @@ def test_weights_facts_name_the_weights_packed_or_not(tmp_path, cache, monkeypat
     assert models.weights_facts("draft-m")["weights_sha256"] != plain["weights_sha256"]
     hub = "HuggingFaceTB/SmolLM2-360M-Instruct"
     assert models.weights_facts(hub) == {"from": hub}
-
-
-def test_earlier_draft_note_names_runs_of_the_replaced_weights(tmp_path, monkeypatch):
-    """A retrained draft keeps its name: `earlier_draft_note` says when committed runs used the weights it replaced
-    (recorded by hash, or recorded nothing because they predate the field), with the paired measurement of both, and
-    says nothing for runs of today's weights or when the draft replaced none."""
-    folder = tmp_path / "draft-m"
-    folder.mkdir()
-    (folder / "training_log.json").write_text(json.dumps({"eval": {}}))
-    assert models.earlier_draft_note("These runs", folder=folder) == ""  # replaced none
-    measured = {"drafts": {"a": {"tau": 2.38, "gamma": 4, "prompts": 176, "dtype": "float32"},
-                           "b": {"tau": 2.56, "gamma": 4, "prompts": 176, "dtype": "float32"}},
-                "paired": {"b - a, tau": [0.18, 0.14, 0.23]}}
-    (tmp_path / "m.json").write_text(json.dumps({"entry": measured}))
-    monkeypatch.setattr(models, "REPO_ROOT", tmp_path)
-    (folder / "training_log.json").write_text(json.dumps({"replaced": {
-        "weights_sha256": "0123456789abcdef", "until": "2026-11-29",
-        "measured": {"file": "m.json", "entry": "entry", "before": "a", "now": "b"}}}))
-    note = models.earlier_draft_note("These H100 runs", folder=folder)
-    assert note.startswith("These H100 runs used the `draft-m` shipped until 2026-11-29;")
-    assert "2.380 tokens per drafting round against today's 2.560" in note
-    assert "+0.180, 95% interval +0.140 to +0.230" in note
-    old = {"from": "draft-m", "weights_sha256": "0123456789abcdef"}
-    assert models.earlier_draft_note("These H100 runs", used=old, folder=folder) == note
-    assert models.earlier_draft_note("These H100 runs", used={"from": "draft-m"}, folder=folder) == note  # no hash
-    today = {"from": "draft-m", "weights_sha256": "fedcba9876543210"}
-    assert models.earlier_draft_note("These runs", used=today, folder=folder) == ""
-
-
-def test_the_shipped_draft_m_names_the_draft_it_replaced():
-    """The shipped `draft-m`'s log names the weights it replaced, and the committed paired measurement it points to
-    exists; the runs measured since record today's weights, which are not those."""
-    before, measured = models.replaced_draft("draft-m")
-    assert before["weights_sha256"] != models.weights_facts("draft-m")["weights_sha256"]
-    now, earlier = (measured["drafts"][before["measured"][k]] for k in ("now", "before"))
-    assert now["prompts"] == earlier["prompts"] == 176 and now["tau"] > earlier["tau"]
-    assert models.earlier_draft_note("x", used=models.weights_facts("draft-m")) == ""

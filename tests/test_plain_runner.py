@@ -2,7 +2,7 @@
 
 On the CPU the padded whole-buffer step (what a CUDA graph records) runs unrecorded (`graphs=True,
 record=False`): the same inputs, the same pad rows and masks, so its arithmetic is tested here; the recording
-itself by the CUDA-only test at the end and on the GPU by `tools/tree_graph_bench.py`."""
+itself by the CUDA-only test at the end and on the GPU by `specdec_lab/tree_graph_bench.py`."""
 import pytest
 import torch
 
@@ -172,7 +172,7 @@ def test_the_gpu_benchmark_cli_checks_identity_on_the_cpu(tmp_path):
     import subprocess
     import sys
     out = tmp_path / "identity.json"
-    run = subprocess.run([sys.executable, "-m", "specdec_utils.tools.tree_graph_bench", "--part", "identity",
+    run = subprocess.run([sys.executable, "-m", "specdec_lab.tree_graph_bench", "--part", "identity",
                           "--device", "cpu", "--prompts", "1", "--max-new-tokens", "10", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]

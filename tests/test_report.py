@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
+from specdec_lab import readme_tables
 from specdec_utils import report
-from specdec_utils.tools import readme_tables
 
 
 def records(speed: dict, prompts=10, jitter=0.0, seed=0):
@@ -168,7 +168,7 @@ def test_stamp_names_cpu_kind_versions_and_mode(capsys, monkeypatch):
 
 
 def test_readme_blocks_match_the_committed_json():
-    result = subprocess.run([sys.executable, "-m", "specdec_utils.tools.readme_tables", "--check"],
+    result = subprocess.run([sys.executable, "-m", "specdec_lab.readme_tables", "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -240,7 +240,8 @@ def test_paired_difference_sees_a_small_shared_gain_that_separate_intervals_call
 def test_tables_mark_the_rows_of_the_draft_m_it_replaced():
     """A README row measured with the `draft-m` the shipped one replaced (its records carry that hash, or none: they
     predate the field) is marked, and the table says which draft that was; a row of today's weights is not."""
-    from specdec_utils.models import replaced_draft, weights_facts
+    from specdec_lab.provenance import replaced_draft
+    from specdec_utils.models import weights_facts
     before, _ = replaced_draft("draft-m")
     rows = [{"method": "ar"}, {"method": "greedy"}]
     assert readme_tables._earlier(rows) == readme_tables.EARLIER  # no record of the weights: the earlier draft

@@ -138,7 +138,7 @@ def test_warp_temperature_zero_is_a_one_hot_argmax():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.5, 0, 0.9),
-                                                       (2.0, 2, 1.0), (1e-30, 0, 1.0)])
+                                                       (2.0, 2, 1.0), (1e-6, 0, 1.0)])
 def test_warp_masked_logits_get_zero_probability(dtype, temperature, top_k, top_p):
     lowest = torch.finfo(dtype).min
     logits = torch.tensor([2.0, -math.inf, 1.0, lowest, 0.5], dtype=dtype)
@@ -157,10 +157,24 @@ def test_warp_masked_logits_get_zero_probability(dtype, temperature, top_k, top_
     ({"top_p": 0.0}, r"top_p.*\(0, 1\]"),
     ({"top_p": 1.5}, r"top_p.*\(0, 1\]"),
     ({"top_p": math.nan}, r"top_p.*\(0, 1\]"),
+    # the executors' rules (`core.checks`): a positive temperature below 1e-6 (1e-46 rounds to 0 in float32: the warp
+    # gave NaN), and a bool where a number is asked (True was taken as 1)
+    ({"temperature": 1e-9}, r"temperature.*>= 1e-6"),
+    ({"temperature": 1e-46}, r"temperature.*>= 1e-6"),
+    ({"temperature": True}, r"temperature must be .*got True"),
+    ({"top_k": True}, r"top_k must be an integer >= 0 .*got True"),
+    ({"top_p": True}, r"top_p must be .*got True"),
 ])
 def test_warp_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         warp_logits(torch.zeros(4), **kwargs)
+
+
+def test_warp_takes_numpy_numbers_as_the_executors_do():
+    import numpy as np
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.equal(warp_logits(logits, np.float64(0.5), np.int64(2), np.float32(0.9)),
+                       warp_logits(logits, 0.5, 2, 0.9))
 
 
 def hf_warp(logits, temperature, top_k, top_p):
@@ -191,7 +205,8 @@ def test_warp_agrees_with_transformers_warpers_away_from_ties():
 def test_warp_departs_from_transformers_at_top_p_ties_and_tiny_temperatures():
     """Why warp_logits does not call transformers' warpers (its docstring): ties across the top-p
     boundary keep the lowest indices here and the highest there (the same number of tokens, the same
-    mass), and transformers' temperature overflows where ours shifts by the row maximum first."""
+    mass), and transformers' temperature overflows to NaN at a tiny temperature, which ours refuses in
+    one line (below 1e-6, the executors' rule); at the smallest one allowed ours is the one-hot argmax."""
     tied = torch.tensor([1.0, 2.0, 2.0, 0.0])
     assert warp_logits(tied, top_p=0.3).tolist() == [0.0, 1.0, 0.0, 0.0]
     assert hf_warp(tied, 1.0, 0, 0.3).tolist() == [0.0, 0.0, 1.0, 0.0]
@@ -200,8 +215,10 @@ def test_warp_departs_from_transformers_at_top_p_ties_and_tiny_temperatures():
     assert hf_warp(flat, 1.0, 0, 0.5).tolist() == [0.0, 0.0, 0.5, 0.5]
     assert sorted(warp_logits(tied, top_p=0.3).tolist()) == sorted(hf_warp(tied, 1.0, 0, 0.3).tolist())
     logits = torch.tensor([1.0, 2.0, 3.0])
-    assert warp_logits(logits, temperature=1e-39).tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match=r"temperature.*>= 1e-6"):
+        warp_logits(logits, temperature=1e-39)
     assert hf_warp(logits, 1e-39, 0, 1.0).isnan().all()
+    assert warp_logits(logits, temperature=1e-6).tolist() == [0.0, 0.0, 1.0]
 
 
 # -------------------------------------------------------------------------------- sample_token

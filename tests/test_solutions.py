@@ -129,7 +129,7 @@ def ch05():
 
 
 def test_ch05_tau2_sweep_variants_run_losslessly(ch05):
-    from specdec_utils.tools import bench
+    from specdec_utils import measure
     variants = ch05.theta2_sweep((0.5, 2.0))
     assert [v.params.get("theta2") for v in variants] == [0.5, 2.0, None, None]
     assert all(v.draft_small == "ngram" for v in variants[:3]) and variants[-1].method == "entropy-stop"
@@ -142,7 +142,7 @@ def test_ch05_tau2_sweep_variants_run_losslessly(ch05):
         result = generate(target, input_ids, 20, method=variant.method, draft=middle, draft_small=table,
                           params=variant.params)
         assert result.new_token_ids == generate(target, input_ids, 20, method="ar").new_token_ids
-    assert isinstance(variants[0], bench.Variant)
+    assert isinstance(variants[0], measure.Variant)
 
 
 def test_ch05_kept_tokens_are_biased_unless_the_drafts_agree(ch05):

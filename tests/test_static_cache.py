@@ -269,8 +269,8 @@ def test_the_bench_counts_the_forwards_of_its_runners(pair):
     the same run on the plain models (the hooks' counts); Hugging Face's method runs on the models."""
     from transformers import AutoTokenizer
 
+    from specdec_utils import measure
     from specdec_utils.models import ensure_target_cache
-    from specdec_utils.tools import bench
     tokenizer = AutoTokenizer.from_pretrained(ensure_target_cache())
     target = random_model("tiny-llama", seed=0, vocab=len(tokenizer))
     draft, small = noisy_copy(target, noise=0.02, seed=1), noisy_copy(target, noise=0.05, seed=2)
@@ -278,7 +278,7 @@ def test_the_bench_counts_the_forwards_of_its_runners(pair):
     methods = ["ar", "greedy", "hierarchical", "hf-assisted"]
 
     def run(target, draft, small):
-        records = bench.run_benchmark(target, draft, tokenizer, rows, methods, 12, 3, 0.0, 1.0, 0, "float32", "cpu",
+        records = measure.run_benchmark(target, draft, tokenizer, rows, methods, 12, 3, 0.0, 1.0, 0, "float32", "cpu",
                                       draft_small=small, warmup=False)
         return {r["method"]: {key: r[key] for key in ("new_token_ids", "target_calls", "draft_calls", "small_calls",
                                                        "drafted", "accepted", "rounds", "cuda_graphs")}
@@ -296,7 +296,7 @@ def test_the_bench_counts_the_forwards_of_its_runners(pair):
 def test_gpu_benchmarks_refuse_without_a_gpu(tool):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    out = subprocess.run([sys.executable, "-m", f"specdec_utils.tools.{tool}"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", f"specdec_lab.{tool}"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"{tool}: needs a CUDA GPU")
 
@@ -304,7 +304,7 @@ def test_gpu_benchmarks_refuse_without_a_gpu(tool):
 def test_plain_decoder_step_as_the_step_benchmark_runs_it_matches_the_model():
     """step_bench times the plain-torch decoder's forward at a cache length: on the CPU, the same call gives the
     model's own logits for the fed tokens (the benchmark also records the compiled step's difference from it)."""
-    from specdec_utils.tools.write_corpus import StaticDecoder
+    from specdec_lab.write_corpus import StaticDecoder
     model = tiny_model("tiny-llama", vocab_size=256, seed=0).eval()
     ids = torch.randint(0, 256, (1, 21), generator=torch.Generator().manual_seed(0))
     dec = StaticDecoder(model, batch=1, max_len=64, graphs=False)

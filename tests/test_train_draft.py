@@ -1,14 +1,15 @@
 """Tests of the distillation code on tiny models: the loss is a real KL in the draft's reduced
-vocabulary, training lowers it, the simulated tau follows greedy speculative decoding, and the CLI
-refuses bad arguments with one clear line."""
+vocabulary, training lowers it, and the CLI refuses bad arguments with one clear line. (The simulated tau,
+`theory.simulate_rounds`, is checked against the engine in test_theory.py.)"""
 import math
 
 import pytest
 import torch
 from transformers import LlamaConfig
 
+from specdec_lab import train_draft
+from specdec_utils import training
 from specdec_utils.models import ReducedVocabLlamaForCausalLM, tiny_model
-from specdec_utils.tools import train_draft
 
 V = 64
 
@@ -23,16 +24,6 @@ def tiny_draft(vocab_ids):
     draft = ReducedVocabLlamaForCausalLM(config)
     draft.set_vocab(vocab_ids)
     return draft
-
-
-@pytest.mark.parametrize("matches, gamma, expected", [
-    ([True] * 8, 4, [5, 4]),                  # 4 accepted + bonus, then 3 left: all accepted + end
-    ([False] * 3, 4, [1, 1, 1]),              # every round: only the target's own token
-    ([True, False, True, True, True, True, False], 2, [2, 3, 2]),
-])
-def test_greedy_block_lengths(matches, gamma, expected):
-    blocks = train_draft.greedy_block_lengths(matches, gamma)
-    assert blocks == expected and sum(blocks) >= len(matches)
 
 
 def test_choose_vocab_takes_the_most_frequent_tokens():
@@ -59,9 +50,9 @@ def test_distill_loss_is_kl_and_training_lowers_it():
 
 def test_batch_pads_and_cuts_corpus_rows():
     corpus = [{"ids": [5, 6, 7, 8]}, {"ids": [9]}, {"ids": [1, 2]}]
-    ids, mask = train_draft.batch(corpus, [0, 1], 3, "cpu")
+    ids, mask = training.batch(corpus, [0, 1], 3, "cpu")
     assert ids.tolist() == [[5, 6, 7], [9, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
-    ids, mask = train_draft.batch(corpus, [2, 0], None, "cpu")  # None: whole rows
+    ids, mask = training.batch(corpus, [2, 0], None, "cpu")  # None: whole rows
     assert ids.tolist() == [[1, 2, 0, 0], [5, 6, 7, 8]] and mask.sum().item() == 6
 
 
@@ -72,8 +63,8 @@ def test_lr_schedule_is_the_library_schedule(peak, warmup, total, floor):
     the last step it stays at the floor (the library's cosine would climb again)."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup_lr_rate
 
-    from specdec_utils.tools.train_medusa import lr_at
-    rate = train_draft.lr_schedule(peak, warmup, total, floor)
+    from specdec_utils.core.medusa import lr_at
+    rate = training.lr_schedule(peak, warmup, total, floor)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
     library = get_cosine_with_min_lr_schedule_with_warmup_lr_rate(optimizer, warmup, total, min_lr=floor)
     for step in range(total):
@@ -86,9 +77,9 @@ def test_lr_schedule_is_the_library_schedule(peak, warmup, total, floor):
 
 
 def test_stop_head_training_pipeline_on_tiny_models():
-    """tools/train_stop_head: features and exact acceptance labels along target-written rows, then a fit."""
+    """specdec_lab/train_stop_head: features and exact acceptance labels along target-written rows, then a fit."""
+    from specdec_lab import train_stop_head
     from specdec_utils.core.stop_head import StopHead
-    from specdec_utils.tools import train_stop_head
     target, draft = (tiny_model("tiny-llama", vocab_size=V, seed=seed).eval() for seed in (1, 2))
     rows = torch.randint(3, V, (6, 10), generator=torch.Generator().manual_seed(0))
     corpus = [{"ids": row[:7 + i % 3].tolist(), "prompt_len": 4} for i, row in enumerate(rows)]
@@ -102,7 +93,7 @@ def test_stop_head_training_pipeline_on_tiny_models():
 
 def test_roc_auc_counts_ties_half():
     """scikit-learn's AUC is the probability that a positive outscores a negative, ties counting half."""
-    from specdec_utils.tools.train_stop_head import roc_auc
+    from specdec_utils.core.stop_head import roc_auc
     generator = torch.Generator().manual_seed(0)
     scores = torch.randint(0, 5, (200,), generator=generator).float()  # many ties
     positive = torch.rand(200, generator=generator) < scores / 5
@@ -127,7 +118,7 @@ def test_cli_rejects_bad_arguments(args, message, capsys):
 def test_cli_goes_on_training_a_saved_draft(tmp_path):
     import json
 
-    from specdec_utils.tools import write_corpus
+    from specdec_lab import write_corpus
     corpus = tmp_path / "corpus.pt"
     assert write_corpus.main(["--target", "tiny-llama", "--device", "cpu", "--tokens", "60", "--batch", "4",
                               "--new-tokens", "12", "--out", str(corpus), "--mix", "docs=1"]) == 0
@@ -172,7 +163,7 @@ def test_frozen_target_picks_its_dtype_for_the_device_load_model_picks(monkeypat
 
     import torch
 
-    from specdec_utils.tools import train_draft
+    from specdec_lab import train_draft
 
     seen = {}
 

@@ -325,7 +325,8 @@ def test_shipped_heads_on_the_real_target():
 def test_medusa_schedule_and_training_on_a_tiny_model(tiny):
     """The heads' recipe: warm-up to the peak, cosine to eta_min; its bug (a cosine 15 steps long,
     eta_min 0) leaves the rate at 0. A few steps of `train_heads` lower the distillation loss."""
-    from specdec_utils.tools.train_medusa import lr_at, parse_args, train_heads
+    from specdec_lab.train_medusa import parse_args
+    from specdec_utils.core.medusa import lr_at, train_heads
     assert lr_at(0, 1000, 3e-4, 500) == pytest.approx(3e-4 / 500)
     assert lr_at(499, 1000, 3e-4, 500) == pytest.approx(3e-4)
     assert lr_at(999, 1000, 3e-4, 500, 1e-5) == pytest.approx(1e-5, rel=1e-3)

@@ -116,8 +116,8 @@ def test_command_line_pastes_back_as_the_same_arguments(monkeypatch):
 
     from specdec_utils.utils import command_line
     argv = ["--note", "two H200 runs, merged", "--out", "x.json"]
-    line = command_line("specdec_utils.tools.tree_graph_bench", argv)
-    assert shlex.split(line) == ["python", "-m", "specdec_utils.tools.tree_graph_bench", *argv]
+    line = command_line("specdec_lab.tree_graph_bench", argv)
+    assert shlex.split(line) == ["python", "-m", "specdec_lab.tree_graph_bench", *argv]
     assert shlex.split(command_line("m", argv, world=4)) == ["torchrun", "--nproc_per_node", "4", "-m", "m", *argv]
     monkeypatch.setattr("sys.argv", ["x.py", "--steps", "3"])
     assert command_line("m") == "python -m m --steps 3"

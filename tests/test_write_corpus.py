@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
+from specdec_lab import write_corpus
+from specdec_lab.write_corpus import StaticDecoder, TokenCorpus, choose_tokens, load_corpus
+from specdec_utils import training
 from specdec_utils.models import load_model, tiny_model
 from specdec_utils.prompts import build_prompts
-from specdec_utils.tools import train_draft, write_corpus
-from specdec_utils.tools.write_corpus import StaticDecoder, TokenCorpus, choose_tokens, load_corpus
 
 from conftest import random_model
 
@@ -135,7 +136,7 @@ def test_token_corpus_round_trip_and_old_format(tmp_path):
     assert [new[i] for i in range(len(new))] == rows
     for max_len in (None, 5, 2):
         ids, mask = new.batch([2, 0, 1], max_len, "cpu")
-        ref_ids, ref_mask = train_draft.batch(rows, [2, 0, 1], max_len, "cpu")
+        ref_ids, ref_mask = training.batch(rows, [2, 0, 1], max_len, "cpu")
         assert torch.equal(ids, ref_ids) and torch.equal(mask, ref_mask)
     assert isinstance(new, TokenCorpus) and new.kind_names == ["code", "prompt"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_utils.tools.bench import ForwardCounter
+from specdec_utils.measure import ForwardCounter
 from specdec_utils.core.kv_cache import trim_cache
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
 from specdec_utils.theory import expected_accepted_length
@@ -165,8 +165,8 @@ def speedup_at_length(target, draft, tokenizer, rows: list, max_new_tokens: int,
     generations repeat themselves, which a draft predicts well, so tau and the speedup can rise on the
     prompts that loop. Compare the two intervals: overlapping intervals mean no measurable change."""
     from specdec_utils import report
-    from specdec_utils.tools import bench
-    records = bench.run_benchmark(target, draft, tokenizer, rows, ["ar", "draft"], max_new_tokens, gamma,
+    from specdec_utils import measure
+    records = measure.run_benchmark(target, draft, tokenizer, rows, ["ar", "draft"], max_new_tokens, gamma,
                                   temperature=0.0, top_p=1.0, seed=0, dtype_name=str(target.dtype), device=device)
     return report.speedup(records, "draft"), report.tau(records, "draft")
 

@@ -66,7 +66,7 @@ rounds drafts tokens that are all thrown away. `easy_then_hard(easy, hard)` coun
 the multiplicative rule is overshooting: when an easy stretch ends inside a round of 16, most of it is wasted, and
 a wide verification pass can cost more than one target step (section 2's measured pass costs; a pass over 17
 tokens was not measured there). Which one is faster on your machine is a measurement: run both through
-`bench.run_benchmark` and compare their speedup intervals (`report.compare`); an overlap is a tie."""
+`measure.run_benchmark` and compare their speedup intervals (`report.compare`); an overlap is a tie."""
 
 
 # Exercise 2 ------------------------------------------------------------------------------------

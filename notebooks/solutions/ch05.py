@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from specdec_utils import report, theory
-from specdec_utils.tools import bench
+from specdec_utils import measure
 from specdec_utils.core.ngram import NgramDraft
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ P_TOY = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02])   # noteb
 Q_TOY = torch.tensor([0.10, 0.35, 0.25, 0.05, 0.10, 0.05, 0.10, 0.00])   # and its toy draft
 
 ANSWERS = {
-    1: "Run `theta2_sweep()` with `bench.run_benchmark(..., drafts=models)` next to \"ar\" on training prompts "
+    1: "Run `theta2_sweep()` with `measure.run_benchmark(..., drafts=models)` next to \"ar\" on training prompts "
        "(tuning), then `judge_theta2_sweep(records)`: it words each fixed theta2 against the adaptive default and "
        "against the pair from a paired bootstrap over prompts. What to expect: a low theta2 (0.5 nats) rarely "
        "loops back, so it behaves like `hierarchical-noloop`; a high one (3 nats) loops back even when M2 is "
@@ -55,14 +55,14 @@ ANSWERS = {
 def theta2_sweep(taus=(0.5, 1.0, 2.0, 3.0), small: str = "ngram", middle: str = "draft-s") -> list:
     """Benchmark variants: `small` under `middle` with a fixed theta2 each (theta1 out of the way, M2's
     rejection not ending the round), plus the adaptive default with the same rule, plus the best
-    pair of notebook 04 (entropy-stop) with `middle`. Run them with `bench.run_benchmark(...,
+    pair of notebook 04 (entropy-stop) with `middle`. Run them with `measure.run_benchmark(...,
     drafts=models)` next to "ar"."""
     base = {"reject_ends_round": False, "theta1": 1e9}
-    variants = [bench.Variant(f"{small} > {middle} theta2 {tau:g}", "hierarchical", params={**base, "theta2": tau},
+    variants = [measure.Variant(f"{small} > {middle} theta2 {tau:g}", "hierarchical", params={**base, "theta2": tau},
                               draft=middle, draft_small=small) for tau in taus]
-    variants.append(bench.Variant(f"{small} > {middle} adaptive", "hierarchical",
+    variants.append(measure.Variant(f"{small} > {middle} adaptive", "hierarchical",
                                   params={"reject_ends_round": False}, draft=middle, draft_small=small))
-    variants.append(bench.Variant(f"{middle} entropy-stop", "entropy-stop", draft=middle))
+    variants.append(measure.Variant(f"{middle} entropy-stop", "entropy-stop", draft=middle))
     return variants
 
 

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import objectives
 from ..models import MODELS_DIR, has_weights
 from ..utils import require_data
 from .checks import is_count, is_number, require
@@ -228,7 +229,7 @@ def load_block(name_or_path, target) -> BlockDrafter:
         path = MODELS_DIR / str(name_or_path)
     if not has_weights(path, FILE):
         raise ValueError(f"no block drafter at {name_or_path} (a folder with {FILE} and config.json, or a name under "
-                         f"{MODELS_DIR}); train one with python -m specdec_utils.tools.train_block")
+                         f"{MODELS_DIR}); train one with python -m specdec_lab.train_block")
     config, state, vocab_ids = read_borrowing(path, FILE, target, "block drafter")
     drafter = BlockDrafter(target, config["block_size"], config["layers"], config["features"], vocab_ids,
                            config.get("markov_rank", 0))
@@ -351,3 +352,39 @@ def threshold_from_costs(extra_token_cost: float, round_cost: float, tau: float)
         require(name, value, is_number(value, 0), "a number >= 0")
     require("round_cost", round_cost, round_cost > 0, "a time > 0")
     return min(1.0, extra_token_cost * tau / round_cost)
+
+
+# ----------------------------------------------------------------------------- training (the lesson's loss)
+SLOT_WEIGHT = 0.8
+
+
+def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe: dict):
+    """The block objective on one batch (see the module docstring). `recipe`: "anchors" per row, "objective",
+    "lk_weight" and "seed". The anchors are drawn from the seed and the batch itself, so a run resumed from a
+    checkpoint draws what the run that never stopped drew. Returns (loss, [top-1 agreement per slot])."""
+    B, n = ids.shape
+    b, device = drafter.block_size, ids.device
+    real = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    generator = torch.Generator().manual_seed(recipe.get("seed", 0) * 1_000_003 + int(ids.sum()))
+    scores = torch.rand(B, n, generator=generator).to(device)
+    scores[:, 0], scores[:, n - 1:] = -1.0, -1.0  # an anchor needs context before it and a token after it
+    scores[~real] = -1.0
+    scores[:, :-1][~real[:, 1:]] = -1.0  # (a real one after it)
+    starts = scores.topk(min(recipe.get("anchors", 8), max(n - 2, 1)), dim=1).indices  # [B, A]
+    usable = scores.gather(1, starts) >= 0
+    logits = drafter(drafter.fuse(features), ids.gather(1, starts), starts, block_mask(starts, n))
+    slots = torch.arange(1, b, device=device)
+    predicted = starts[..., None] + slots  # [B, A, b - 1]: the position each slot predicts
+    inside = predicted.clamp(max=n - 1)
+    logits = logits + drafter.markov(ids.gather(1, (inside - 1).flatten(1)).view_as(inside))  # teacher-forced
+    ok = usable[..., None] & (predicted < n) & real.gather(1, inside.flatten(1)).view_as(inside)
+    teacher = target_logits if drafter.vocab_ids is None else target_logits[..., drafter.vocab_ids]
+    teacher = teacher.gather(1, (inside - 1).flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
+    p = torch.softmax(teacher.view(*inside.shape, -1).float(), -1)
+    logq = torch.log_softmax(logits.float(), -1)
+    per = objectives.per_position(p, logq, recipe.get("objective", "kl"), recipe.get("lk_weight", 1.0))
+    weight = (SLOT_WEIGHT ** (slots - 1).float()) * ok
+    loss = (per * weight).sum() / weight.sum().clamp_min(1e-9)
+    hits = (logq.argmax(-1) == p.argmax(-1)) & ok
+    agree = [round(float(hits[..., i].sum() / ok[..., i].sum().clamp_min(1)), 4) for i in range(b - 1)]
+    return loss, agree

@@ -21,7 +21,8 @@ draft's keys and values sit at the new L - 1, where the next round's first row (
 before anything attends to them; the later ones sit past it, hidden by the mask until a later round overwrites
 them. Rounds have a fixed shape (gamma drafts, gamma+1 verified rows), which is what lets one graph serve every
 round; the price is that a round always drafts gamma tokens, even past the last one the caller asked for (the extra
-ones are dropped). gamma=0 is the target alone through the same machinery: the fair baseline.
+ones are dropped, and not counted as accepted: the statistics follow the engine's, `DeviceLoop._result`). gamma=0 is
+the target alone through the same machinery: the fair baseline.
 
 `DeviceTreeLoop` does the same for EAGLE-2's dynamic tree in fixed shapes (the frontier grown one head step per depth,
 the nodes reranked, one tree pass, the acceptance walk as tensor operations, the accepted path's keys and values
@@ -46,13 +47,12 @@ generator is left exactly that many draws on, as the engine's walk leaves it.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
 from . import tree_attention
-from .checks import is_count, is_number, require
+from .checks import check_count, check_prompt_ids, check_sampling, is_count
 from .engine import GenerationResult, RoundStats, Sampler, append_until_eos, as_id_set, finished
 from .graphs import GraphCache
 from .kv_cache import move_path
@@ -114,11 +114,7 @@ class DeviceLoop:
     def __init__(self, target, draft=None, head=None, gamma: int = 4, capacity: int = 512, graphs: bool | None = None,
                  compile: bool | str = False, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  attention: str = "sdpa", drafter=None):
-        require("temperature", temperature, is_number(temperature) and math.isfinite(temperature)
-                and (temperature == 0 or temperature >= 1e-6), "a finite number >= 0 (0 means greedy; a positive "
-                "one must be >= 1e-6)")
-        require("top_k", top_k, is_count(top_k, 0), "an integer >= 0 (0 means off)")
-        require("top_p", top_p, is_number(top_p) and 0 < top_p <= 1, "a number in (0, 1] (1.0 means off)")
+        check_sampling(temperature, top_k, top_p)  # the engine's rules (`checks.py`)
         if attention not in ("sdpa", "triton"):
             raise ValueError(f"attention must be 'sdpa' (PyTorch's attention with a mask over the whole buffer) or "
                              f"'triton' (notebook 08's kernel, reading the prefix unmasked), got {attention!r}")
@@ -129,8 +125,8 @@ class DeviceLoop:
         if compile not in (False, True, "steps", "round"):
             raise ValueError(f"compile must be False, True or 'steps' (each pass compiled), or 'round' (the whole "
                              f"round compiled as one graph), got {compile!r}")
-        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
-            raise ValueError(f"gamma must be an integer >= 0 (0: the target alone), got {gamma!r}")
+        check_count("gamma", gamma, 0, "an integer >= 0 (0: the target alone)")
+        gamma = int(gamma)  # (a numpy integer, as the engine takes)
         given = sum(m is not None for m in (draft, head, drafter))
         if given > 1:
             raise ValueError("give one of a draft model, an EAGLE head or a block drafter, not several")
@@ -174,10 +170,10 @@ class DeviceLoop:
     def set_gamma(self, gamma: int) -> None:
         """Draft `gamma` tokens per round from now on (the round is recorded again; a compiled step keeps what it
         compiled for the shapes it has seen)."""
-        if self.gamma == 0 or not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        if self.gamma == 0 or not is_count(gamma):
             raise ValueError(f"set_gamma takes an integer >= 1 on a loop with a draft or a head, got {gamma!r} "
                              f"on a loop with gamma={self.gamma}")
-        self.gamma = gamma
+        self.gamma = int(gamma)
         self._allocate(self.capacity)
 
     @property
@@ -196,12 +192,14 @@ class DeviceLoop:
         with torch.inference_mode(False):
             self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
             self.L = torch.zeros(1, dtype=torch.long, device=device)
-            # a round's read-back: n, the tokens at L .. L + gamma, and how many of its uniforms it used
-            self.out = torch.zeros(self.gamma + 3, dtype=torch.long, device=device)
+            # a round's read-back: n, the tokens at L .. L + gamma, how many of its uniforms it used, and whether its
+            # own checks held (1; a tree's: `DeviceTreeLoop._round`)
+            self.out = torch.zeros(self.gamma + 4, dtype=torch.long, device=device)
             # a sampled round's draws (a chain: gamma for the drafts, gamma for the acceptances, one for the token
             # after, all used; a tree: `_draws`)
             self.uniforms = torch.zeros(self._draws(), dtype=torch.float64, device=device)
             self.all_used = torch.full((1,), self.uniforms.shape[0] if self.sampled else 0, device=device)
+            self.held = torch.ones(1, dtype=torch.long, device=device)
             if self.head is not None:
                 head = self.head
                 weight = head.k.weight
@@ -349,12 +347,13 @@ class DeviceLoop:
         self.tokens.index_copy_(0, L + n, after)  # the target's own token after them
         return self._finish(L, n, rows, features)
 
-    def _finish(self, L, n, rows, features, used=None):
+    def _finish(self, L, n, rows, features, used=None, held=None):
         """The end of a round that kept n drafts: for an EAGLE head, its entries (feature p, token p+1) for the
         verified positions `rows` [gamma + 1] (`features`: the target's at those positions); entry L + n - 1, whose
         token is the newest committed one (at L + n), drafts the next round (rows past it are overwritten before being
         read). Then the round's result into `out` (n, the tokens at L .. L + gamma, the uniforms `used` [1], default
-        all of them) and L += n + 1."""
+        all of them, and `held` [1], 0 where a check of the round failed, default 1: read back with the rest, so a
+        check costs no read of its own) and L += n + 1."""
         if self.drafter is not None:  # the verified positions' features (rows past L + n are rewritten before read)
             self.context.index_copy_(0, rows, self.drafter.fuse(features))
         if self.head is not None:
@@ -362,28 +361,33 @@ class DeviceLoop:
             self.h0.copy_(h.index_select(0, n.view(1)))
             self.logits0.copy_(logits.index_select(0, n.view(1)))
         self.out.copy_(torch.cat([n.view(1), self.tokens.index_select(0, L + self.offsets[:self.gamma + 1]),
-                                  self.all_used if used is None else used.view(1)]))
+                                  self.all_used if used is None else used.view(1),
+                                  self.held if held is None else held.view(1).long()]))
         self.L.add_(n + 1)
         return self.out
 
     # ------------------------------------------------------------------ generation
-    def _begin(self, prompt) -> None:
-        """Reset the state to `prompt` [P]: the target's cache holds positions 0..P-2 (P-1 is fed by the first
-        round), the draft's 0..P-3, the head's entries 0..P-2 and its output for the last one."""
+    def _prefill(self, core, prompt, n, taps=()):
+        """`core`'s causal pass over the first `n` tokens of `prompt` [P] at positions 0..n-1, filling its cache there:
+        (the hidden states, the tapped features)."""
+        rows = torch.arange(n, device=self.device)
+        mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        return core.body(prompt[None, :n], rows[None], rows, mask[None], n, taps)
+
+    def _begin(self, prompt, tapped=None) -> None:
+        """Reset the state to `prompt` [P] (P >= 2): the target's cache holds positions 0..P-2 (P-1 is fed by the
+        first round), the draft's 0..P-3, the head's entries 0..P-2 and its output for the last one. `tapped`: the
+        target's features from its prefill when that pass has run already (`_first_token`'s)."""
         P, device = prompt.shape[0], self.device
         self.tokens.zero_()
         self.tokens[:P] = prompt
         self.L.fill_(P)
-
-        def prefill(core, n, taps=()):
-            rows = torch.arange(n, device=device)
-            mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-            return core.body(prompt[None, :n], rows[None], rows, mask[None], n, taps)
         # (cuDNN's attention plans each new shape anew, ~50 ms on an H100: every prompt's length is new)
         with attention_backends(device):
-            _, tapped = prefill(self.target, P - 1, self.taps)
+            if tapped is None:
+                _, tapped = self._prefill(self.target, prompt, P - 1, self.taps)
             if self.draft is not None and P > 2:
-                prefill(self.draft, P - 2)
+                self._prefill(self.draft, prompt, P - 2)
             if self.drafter is not None:
                 self.context[:P - 1] = self.drafter.fuse(torch.cat(tapped, -1)[0])
             if self.head is not None:
@@ -391,6 +395,20 @@ class DeviceLoop:
                 h, logits = self._head_step(torch.cat(tapped, -1)[0], prompt[1:P], rows, own=False)
                 self.h0.copy_(h[-1:])
                 self.logits0.copy_(logits[-1:])
+
+    def _first_token(self, prompt, generator) -> tuple[torch.Tensor, tuple]:
+        """A one-token prompt [1]: a round needs the newest committed token and, before it, the state of every earlier
+        position (a draft re-reads the last two tokens; a head or a block drafter drafts from the target's features
+        before the newest token), so the target's pass over the prompt token, the prefill `_begin` would run for a
+        two-token prompt, picks the token after it, as a round picks its last token: the argmax, or drawn from the
+        warped distribution with one uniform from `generator` (as the engine's first round of an EAGLE head, which
+        drafts nothing, draws it). Returns (the prompt and that token [2], the pass's tapped features for `_begin`)."""
+        with attention_backends(self.device):
+            x, tapped = self._prefill(self.target, prompt, 1, self.taps)
+            choice = self._choice(self.target.logits(x[:, -1]))  # [1], or the warped distribution [1, V]
+        if self.sampled:
+            choice = sample_rows(choice, torch.rand(1, generator=generator, dtype=torch.float64).to(self.device))
+        return torch.cat([prompt, choice.view(1)]), tapped
 
     @torch.no_grad()
     @_compiling
@@ -420,29 +438,35 @@ class DeviceLoop:
     @_compiling
     def generate(self, input_ids, max_new_tokens: int, eos_token_id=None,
                  generator: torch.Generator | None = None) -> GenerationResult:
-        """Decode one prompt (`input_ids` [1, P] or [P], P >= 2), greedy or sampled as the loop was built: stops
-        after `max_new_tokens` tokens or after an EOS token, like `generate`. A sampled loop draws its uniforms from
-        `generator` (a CPU `torch.Generator`; None: torch's global one)."""
+        """Decode one prompt (`input_ids` [1, P] or [P], P >= 1), greedy or sampled as the loop was built: stops
+        after `max_new_tokens` tokens or after an EOS token, like `generate`, whose argument rules it shares
+        (`checks.py`). A sampled loop draws its uniforms from `generator` (a CPU `torch.Generator`; None: torch's
+        global one). A one-token prompt: the target's pass over it makes the first token (`_first_token`)."""
         if generator is not None and not (isinstance(generator, torch.Generator) and generator.device.type == "cpu"):
             raise ValueError(f"generator must be a torch.Generator on the CPU (the draws are made there and copied in) "
                              f"or None, got {generator!r}")
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2 and ids.shape[0] != 1:
             raise ValueError(f"the device loop decodes one prompt at a time: input_ids has batch {ids.shape[0]}")
+        check_prompt_ids(ids)
+        check_count("max_new_tokens", max_new_tokens)
+        max_new_tokens = int(max_new_tokens)
         ids = ids.reshape(-1).to(self.device, torch.long)
-        if ids.shape[0] < 2:
-            raise ValueError(f"the device loop needs a prompt of at least 2 tokens, got {ids.shape[0]}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         eos = as_id_set(eos_token_id)
         needed = ids.shape[0] + max_new_tokens + self.span + 1
         if needed > self.capacity:
             self._allocate(max(needed, 2 * self.capacity))
         self.prepare()
         start = time.perf_counter()
-        self._begin(ids)
-        new, accepted = [], []
         generator = torch.default_generator if generator is None else generator
+        new, rounds = [], []  # rounds: (drafts accepted, tokens the budget left before the round)
+        first = ids.shape[0] == 1
+        if first:
+            ids, tapped = self._first_token(ids, generator)
+            append_until_eos(new, ids[1:].tolist(), eos)
+            self._begin(ids, tapped)
+        else:
+            self._begin(ids)
         while not finished(new, max_new_tokens, eos):
             if self.sampled:  # this round's draws, written into the buffer the round reads
                 state = generator.get_state() if self.DRAWS_VARY else None  # (to give back the draws not used)
@@ -452,30 +476,44 @@ class DeviceLoop:
                 out = self.out.tolist()  # the round's only read-back
             else:
                 out = self.round_fn().tolist()
-            n, used = out[0], out[-1]
+            n, used, held = out[0], out[-2], out[-1]
+            if not held:
+                raise RuntimeError(self.BROKEN)
             if self.sampled and self.DRAWS_VARY and used < self.uniforms.shape[0]:  # as many draws on as were used
                 generator.set_state(state)
                 torch.rand(used, generator=generator, dtype=torch.float64)
-            accepted.append(n)
+            rounds.append((n, max_new_tokens - len(new)))
             append_until_eos(new, out[1:n + 2], eos)
-        return self._result(new[:max_new_tokens], accepted, time.perf_counter() - start)
+        return self._result(new[:max_new_tokens], rounds, first, time.perf_counter() - start)
 
-    def _result(self, new: list[int], accepted: list[int], wall_s: float) -> GenerationResult:
-        """The engine's result type: one `RoundStats` per round (every round drafts gamma tokens; the last one's
-        tokens past the end are not counted), target passes = rounds + the prefill's; a head's or a draft's passes:
-        gamma a round (a head's catch-up step included). Times per part are not
-        measured inside a replayed round (0)."""
-        g, left, rounds = self.gamma, len(new), []
-        drafted = getattr(self, "nodes", g)  # a tree verifies its nodes; a chain its gamma drafts
+    BROKEN = "a check of the device round failed"  # (what a round's `held` = 0 means; a tree says more)
+
+    def _result(self, new: list[int], rounds: list[tuple[int, int]], first: bool, wall_s: float) -> GenerationResult:
+        """The engine's result type, counted as `GenerationResult` says. `rounds`: each round's (drafts accepted,
+        tokens the budget left before it). One `RoundStats` per round, and one before them for a one-token prompt's
+        first pass (`_first_token`: it made the first token and drafted nothing); target passes = rounds + the
+        prefill's. Every round drafts `gamma` tokens (a tree: its `nodes`) in `gamma` draft passes (a block drafter:
+        one), and `drafted` and `draft_calls` count them all, in the budget's last round too (the engine drafts only
+        what fits there); but, as on the engine, a round's `accepted` counts only the drafts it kept before its last
+        token (the target's own, after them), and its stop reason is "budget" where fewer than gamma + 1 tokens were
+        left (a tree's is "tree", as the engine's tree reports, and "budget" where one token was left). Times per part
+        are not measured inside a replayed round (0)."""
+        g, tree = self.gamma, isinstance(self, DeviceTreeLoop)
+        drafted = self.nodes if tree else g  # a tree verifies its nodes; a chain its gamma drafts
         passes = 1 if self.drafter is not None else g  # a block: one drafter pass a round
-        for n in accepted:
-            made = min(n + 1, left)
-            left -= made
-            rounds.append(RoundStats(g, drafted, n, "gamma" if g else "no draft", passes, made, 0.0, 0.0, 0.0))
+        full = "tree" if tree else "gamma" if g else "no draft"
+        stats = [RoundStats(g, 0, 0, "no draft", 0, 1, 0.0, 0.0, 0.0)] if first else []
+        made, accepted = len(stats), []
+        for n, left in rounds:
+            kept = min(n + 1, len(new) - made)  # (fewer than n + 1: the budget or an EOS ended the output)
+            made += kept
+            accepted.append(min(n, left - 1))  # a draft past the budget's last token is not kept: not counted
+            stop = full if left > g else "budget" if left == 1 or not tree else full
+            stats.append(RoundStats(g, drafted, accepted[-1], stop, passes, kept, 0.0, 0.0, 0.0))
         per_position = [sum(n > i for n in accepted) for i in range(g)]
-        return GenerationResult(new, target_calls=len(accepted) + 1, draft_calls=passes * len(accepted),
-                                drafted=drafted * len(accepted), accepted=sum(accepted),
-                                accepted_per_position=per_position, wall_s=wall_s, rounds=rounds, method=self.method)
+        return GenerationResult(new, target_calls=len(rounds) + 1, draft_calls=passes * len(rounds),
+                                drafted=drafted * len(rounds), accepted=sum(accepted),
+                                accepted_per_position=per_position, wall_s=wall_s, rounds=stats, method=self.method)
 
     @torch.no_grad()
     def _parts(self) -> dict:
@@ -550,8 +588,8 @@ class DeviceTreeLoop(DeviceLoop):
                  graphs: bool | None = None, compile: bool = False, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, attention: str = "sdpa"):
         for name, value in (("depth", depth), ("topk", topk), ("nodes", nodes)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_count(name, value)
+        depth, topk, nodes = int(depth), int(topk), int(nodes)
         if head is None:
             raise ValueError("the device tree is EAGLE's: give an EAGLE head")
         pool = topk + (depth - 1) * topk * topk
@@ -577,6 +615,8 @@ class DeviceTreeLoop(DeviceLoop):
         raise ValueError("a device tree's shape is fixed by (depth, topk, nodes): build a new DeviceTreeLoop")
 
     DRAWS_VARY = True
+    BROKEN = ("the device tree's selection is not ancestor-closed: a selected node's parent was not selected, so the "
+              "round could not verify it at its parent's row (a child must never outrank its parent)")
 
     def _draws(self) -> int:
         return self.nodes + 1  # one per node the walk may try, one for the token after
@@ -647,8 +687,12 @@ class DeviceTreeLoop(DeviceLoop):
             mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
                                  | anc_sel)
         choice, features = self.steps["verify_tree"](ids, positions, slots, mask)
-        # accept: the engine's tree walk (`sampling`), each node verified at its parent's row
-        parent_row = torch.where(parent_p[sel] < 0, 0, 1 + (sel[None] == parent_p[sel][:, None]).float().argmax(-1))
+        # accept: the engine's tree walk (`sampling`), each node verified at its parent's row (the argmax finds the
+        # parent among the selected nodes; `held` says every non-root parent was there, read back with the round's
+        # result: a selection that is not ancestor-closed is an error, not a node verified at node 0's row)
+        is_parent = sel[None] == parent_p[sel][:, None]  # [N, N]: node k is node j's parent
+        parent_row = torch.where(parent_p[sel] < 0, 0, 1 + is_parent.float().argmax(-1))
+        held = (is_parent.any(-1) | (parent_p[sel] < 0)).all()
         used = None
         if self.sampled:  # SpecInfer's walk; the deepest kept node ends the path (any node when none is kept)
             kept, tried, bonus = accept_tree_sampled(nodes, parent_row, None, choice, self.uniforms)
@@ -663,7 +707,8 @@ class DeviceTreeLoop(DeviceLoop):
         for buffer in (self.target.keys, self.target.values):  # the path's keys and values to slots L .. L+D-1
             move_path(buffer, 3, L, path)
         rows = L - 1 + self.offsets[:D + 1]  # the root and the path's nodes, now at positions L - 1 .. L + D - 1
-        return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])), used)
+        return self._finish(L, n, rows, features.index_select(0, torch.cat([self.offsets[:1], 1 + path])), used,
+                            held)
 
     def _allocate(self, capacity: int) -> None:
         super()._allocate(capacity)

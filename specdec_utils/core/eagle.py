@@ -44,8 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import objectives
 from ..models import MODELS_DIR, has_weights, unpacked, weights_facts
-from ..utils import REPO_ROOT, require_data
+from ..utils import require_data
 from .checks import is_count, require
 from .engine import Proposal, draw_chain
 from .graphs import GraphCache
@@ -353,7 +354,7 @@ def load_eagle(name_or_path, target) -> EagleHead:
         path = MODELS_DIR / str(name_or_path)
     if not has_weights(path, "head.safetensors"):
         raise ValueError(f"no EAGLE head at {name_or_path} (a folder with head.safetensors and config.json, or a "
-                         f"name under {MODELS_DIR}); train one with python -m specdec_utils.tools.train_eagle")
+                         f"name under {MODELS_DIR}); train one with python -m specdec_lab.train_eagle")
     config, state, vocab_ids = read_borrowing(path, "head.safetensors", target, "EAGLE head")
     head = EagleHead(target, config["layer"], config["features"], vocab_ids)
     head.load_state_dict(state)
@@ -366,44 +367,6 @@ def head_facts(head, where: str) -> dict:
     """What identifies a head: where it came from, its training steps and a hash of its weights' file
     (`models.weights_facts`: what a committed run records, so that a later reader knows which head it measured)."""
     return {**weights_facts(where), "trained_steps": head.trained_steps}
-
-
-def replaced_head(path=None) -> tuple[dict, dict] | None:
-    """The head that the one at `path` (default: the shipped one) replaced: its config's `replaced` entry (training
-    steps, weights' hash, until when it shipped) and the committed paired measurement of both heads that the entry
-    names (`heads`, `paired`). None when it replaced none."""
-    folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
-    before = json.loads((folder / "config.json").read_text()).get("replaced")
-    if not before:
-        return None
-    where = before["measured"]
-    return before, json.loads((REPO_ROOT / where["file"]).read_text())[where["entry"]]
-
-
-def earlier_head_note(runs: str, path=None, used: dict | None = None) -> str:
-    """One sentence for committed runs made before the shipped head's current weights: `runs` (their name, e.g.
-    "These H100 runs") used the head it replaced. The facts come from the head's config (`replaced`: that head's
-    training steps, until when it shipped, and the committed paired measurement of both heads on the held-out
-    prompts). Empty when the head at `path` (default: the shipped one) replaced none, or when the runs recorded
-    the head they used (`used`, as `head_facts` writes it) and it is not the replaced one; runs that recorded none
-    (`used` None or without a hash) predate the field and are taken to have used the replaced head."""
-    folder = Path(path) if path is not None else MODELS_DIR / EAGLE_NAME
-    found = replaced_head(folder)
-    recorded = (used or {}).get("weights_sha256")
-    if found is None or (recorded is not None and recorded != found[0].get("weights_sha256")):
-        return ""
-    before, measured = found
-    where = before["measured"]
-    config = json.loads((folder / "config.json").read_text())
-    old, new = (measured["heads"][where[k]]["tau_gamma6"] for k in ("before", "now"))
-    diff, low, high = measured["paired"][f"{where['now']} - {where['before']}, tau_gamma6"]
-    return (f"{runs} used the EAGLE head the course shipped until {before['until']} ({before['trained_steps']:,} "
-            f"training steps). The head shipped now was trained "
-            f"{config.get('trained_steps', 0) - before['trained_steps']:,} steps further, with the acceptance-aware "
-            f"objective (kl+lk), and keeps {new:.2f} tokens per drafting round at γ = 6 on the "
-            f"{measured['heads'][where['now']]['prompts']} held-out prompts against the earlier head's {old:.2f} "
-            f"({diff:+.2f}, 95% interval {low:+.2f} to {high:+.2f}, paired by prompt, float32): these runs' EAGLE rows "
-            f"come from a head that accepted fewer tokens.")
 
 
 # --------------------------------------------------------------------------- decode time
@@ -420,11 +383,11 @@ class _HeadCache:
         if self.k is not None and needed <= self.k.shape[-2]:
             return False
         capacity = max(256, 2 * needed)
-        weight = head.k.weight
-        grown_k = weight.new_zeros(head.n_kv, capacity, head.head_dim)
-        grown_v = torch.zeros_like(grown_k)
-        if self.k is not None:
-            grown_k[:, :self.length], grown_v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
+        with torch.inference_mode(False):  # normal tensors: writable in and out of inference mode
+            grown_k = head.k.weight.new_zeros(head.n_kv, capacity, head.head_dim)
+            grown_v = torch.zeros_like(grown_k)
+            if self.k is not None:
+                grown_k[:, :self.length], grown_v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
         self.k, self.v = grown_k, grown_v
         return True
 
@@ -654,3 +617,60 @@ class EaglePolicy(DraftTreePolicy):
                  threshold: float = 0.1):
         super().__init__(gamma, tree_nodes, width, prune, threshold)
         require("gamma", gamma, is_count(gamma, 1), "an integer >= 1 (the tree's depth)")
+
+
+# ----------------------------------------------------------------------------- training (the lesson's loss)
+FUSED = "fused"
+VARIANTS = {
+    "eagle1": dict(layer="eagle1", features="last", ttt=1, feature_loss=1.0, ce=0.1, noise=0.1, vocab=0),
+    "eagle3-layer": dict(layer="eagle3", features="last", ttt=1, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
+    "fused": dict(layer="eagle3", features=FUSED, ttt=1, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
+    "ttt": dict(layer="eagle3", features=FUSED, ttt=5, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
+    "eagle3": dict(layer="eagle3", features=FUSED, ttt=5, feature_loss=0.0, ce=1.0, noise=0.0, vocab=8192),
+}
+STEP_WEIGHT = 0.8  # EAGLE-3: step k of the unrolled forward weighs 0.8^k
+
+
+def build_head(target, recipe: dict, vocab_ids: torch.Tensor | None) -> EagleHead:
+    n = target.config.num_hidden_layers
+    features = (n,) if recipe["features"] == "last" else None  # None: EAGLE-3's default low/middle/high layers
+    return EagleHead(target, recipe["layer"], features, vocab_ids if recipe["vocab"] else None)
+
+
+def eagle_loss(head: EagleHead, features, ids, mask, target_logits, recipe: dict, noise: float | None = None):
+    """The recipe's loss on one batch: per unrolled step k, the recipe's objective (`objectives`: KL by default,
+    the gradient of EAGLE's soft cross-entropy; or the acceptance objective -log sum min(p, q)) between the target's
+    distribution at position j + 1 + k (restricted to the draft vocabulary, where positions whose target
+    argmax falls outside it are skipped, as EAGLE-3 does) and the head's, plus (EAGLE-1) smooth L1 between the
+    head's output and the target's post-norm feature there. Returns (loss, [agreement per step])."""
+    outs = head.ttt_forward(features, ids, recipe["ttt"], mask, noise=recipe["noise"] if noise is None else noise)
+    n = ids.shape[1]
+    total, agree = 0.0, []
+    inside = None
+    if head.vocab_ids is not None:
+        inside = torch.zeros(head.vocab_size, dtype=torch.bool, device=ids.device)
+        inside[head.vocab_ids] = True
+    for k, h in enumerate(outs):
+        span = n - 1 - k  # entries j = 0..span-1 have a teacher at j + 1 + k
+        if span <= 0:
+            break
+        valid = mask[:, :span].bool() & mask[:, 1 + k:].bool()
+        teacher = target_logits[:, 1 + k:]
+        if inside is not None:
+            valid = valid & inside[teacher.argmax(-1)]
+        if not valid.any():
+            continue
+        teacher = teacher[valid]
+        if head.vocab_ids is not None:
+            teacher = teacher[:, head.vocab_ids]
+        p = torch.softmax(teacher.float(), -1)
+        hk = h[:, :span][valid]
+        logq = torch.log_softmax(head.logits(hk).float(), -1)
+        loss = recipe["ce"] * objectives.per_position(p, logq, recipe.get("objective", "kl"),
+                                                      recipe.get("lk_weight", 1.0)).mean()
+        if recipe["feature_loss"]:  # EAGLE-1: regress the target's post-norm feature there
+            post = final_norm(head.target)(features[:, 1 + k:, -head.hidden_size:][valid])
+            loss = loss + recipe["feature_loss"] * F.smooth_l1_loss(hk.float(), post.float())
+        total = total + STEP_WEIGHT ** k * loss
+        agree.append(round((logq.argmax(-1) == p.argmax(-1)).float().mean().item(), 4))
+    return total, agree

@@ -26,8 +26,6 @@ belongs to its `ModelRunner` (allocated once, rolled back by moving a pointer; C
 """
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,6 +33,7 @@ from typing import Protocol
 
 import torch
 
+from .checks import check_count, check_prompt_ids, check_sampling
 from .checks import is_int as _is_int
 from .runner import ModelRunner, as_runner, attention_backends, forward_uncached  # noqa: F401 (re-exported)
 from .sampling import sample_token, warp_logits
@@ -44,11 +43,12 @@ from .verify import Verifier, greedy_verify  # noqa: F401 (re-exported)
 # --------------------------------------------------------------------------- results
 @dataclass
 class RoundStats:
-    """What one round did. `gamma` is the policy's choice for the
-    round, `drafted` the tokens actually proposed, `accepted` how many the verifier accepted (an EOS
-    among them ends the output, so `new_tokens` may be fewer than `accepted` + 1); `stop` says
-    why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token budget left no
-    room for more), "no draft" (plain decoding), or the policy's own reason ("entropy", ...).
+    """What one round (one target pass that commits tokens: `GenerationResult`) did. `gamma` is the policy's choice
+    for the round, `drafted` the tokens actually proposed, `accepted` how many the verifier accepted (a draft past
+    the token budget is never counted; an EOS among them ends the output, so `new_tokens` may be fewer than
+    `accepted` + 1); `stop` says why drafting ended: "gamma" (reached the policy's gamma), "budget" (the token
+    budget left fewer than gamma + 1 tokens), "tree" (a draft's tree), "no draft" (plain decoding, or a first round
+    with nothing to draft from yet), or the policy's own reason ("entropy", ...).
     `draft_calls` counts draft passes (a policy that stops *before* a token has paid for the
     pass that told it to stop). Times are wall-clock milliseconds on the host."""
     gamma: int
@@ -65,13 +65,22 @@ class RoundStats:
 
 @dataclass
 class GenerationResult:
-    """What one generation produced and what it cost.
+    """What one generation produced and what it cost: the engine and the device loop (`device_loop.DeviceLoop`)
+    return this one type, counted by one rule.
 
-    `target_calls` and `draft_calls` count forward passes (the prefill included); `drafted` and
-    `accepted` count draft tokens proposed and accepted by the target, and
-    `accepted_per_position[i]` how often draft position i (0-based) was accepted. `rounds` holds one
-    `RoundStats` per target pass that verified drafts (empty for methods that run outside the engine). The
-    engine and the device loop (`device_loop.DeviceLoop`) return this one type.
+    A *round* is a target pass that commits tokens (it verifies the round's drafts, if any, and adds the target's
+    own token after the accepted ones); `rounds` holds one `RoundStats` per round (empty for methods that run outside
+    the engine). `target_calls` counts every target forward pass: the rounds, plus a prefill pass that commits
+    nothing where an executor runs one. The engine's prefill is its first round's pass (target_calls ==
+    len(rounds)); the device loop first runs a pass over all of the prompt but its last token (target_calls ==
+    len(rounds) + 1), except for a one-token prompt, whose one prefill pass makes the first token: a round. So
+    `tokens_per_target_call` (the course's tau) always counts the prefill's pass, and `tokens_per_round` (new tokens
+    per round, the papers' acceptance length) counts no pass that commits nothing; on the engine they are equal.
+
+    `draft_calls` counts draft forward passes; `drafted` and `accepted` count draft tokens proposed and accepted by
+    the target, and `accepted_per_position[i]` how often draft position i (0-based) was accepted. A draft is counted
+    as accepted only if it was kept: never one past `max_new_tokens` (the engine never drafts past it; the device
+    loop, whose rounds have one shape, drafts `gamma` tokens even there, and `drafted` counts them).
     """
     new_token_ids: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -90,7 +99,8 @@ class GenerationResult:
 
     @property
     def tokens_per_target_call(self) -> float:
-        """New tokens per target forward pass: 1 for plain decoding, up to gamma + 1."""
+        """New tokens per target forward pass, the prefill's included (the class docstring): about 1 for plain
+        decoding, up to gamma + 1. The course's tau."""
         return len(self.new_token_ids) / self.target_calls if self.target_calls else float("nan")
 
     @property
@@ -100,8 +110,9 @@ class GenerationResult:
 
     @property
     def tokens_per_round(self) -> float:
-        """New tokens per drafting round (one verifying target pass each), the prefill's pass left out: the papers'
-        acceptance length. (`tokens_per_target_call` counts the prefill's pass too.)"""
+        """New tokens per round, a round being a target pass that commits tokens (the class docstring): a prefill
+        pass that commits nothing is left out, the papers' acceptance length. On the engine, whose prefill is its
+        first round, it equals `tokens_per_target_call`."""
         return len(self.new_token_ids) / len(self.rounds) if self.rounds else float("nan")
 
     def round_sums(self) -> dict:
@@ -466,24 +477,13 @@ def as_id_set(eos_token_id) -> set[int]:
 
 
 def check_arguments(input_ids, max_new_tokens, temperature, top_k, top_p, gamma=None) -> None:
-    """Reject bad arguments with a message naming the argument and what is allowed."""
+    """Reject bad arguments with a message naming the argument and what is allowed (the rules of `checks.py`, which
+    the device loop and `sampling.warp_logits` apply too)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[0] != 1:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a tensor of shape [1, seq_len] (batch size 1 only), got {shape}")
-    if input_ids.shape[1] < 1:
-        raise ValueError("input_ids must hold at least one token")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    real = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool)
-    checks = [
-        ("max_new_tokens", max_new_tokens, _is_int(max_new_tokens) and max_new_tokens >= 1, "an integer >= 1"),
-        ("gamma", gamma, gamma is None or _is_int(gamma) and gamma >= 1, "an integer >= 1"),
-        ("temperature", temperature, real and math.isfinite(temperature) and (temperature == 0 or temperature >= 1e-6),
-         "a finite number >= 0 (0 means greedy; a positive one must be >= 1e-6)"),
-        ("top_k", top_k, _is_int(top_k) and top_k >= 0, "an integer >= 0 (0 means off)"),
-        ("top_p", top_p, isinstance(top_p, numbers.Real) and not isinstance(top_p, bool) and 0 < top_p <= 1,
-         "a number in (0, 1] (1.0 means off)"),
-    ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    check_prompt_ids(input_ids)
+    check_count("max_new_tokens", max_new_tokens)
+    if gamma is not None:
+        check_count("gamma", gamma)
+    check_sampling(temperature, top_k, top_p)

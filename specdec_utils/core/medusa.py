@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -28,7 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models import MODELS_DIR, has_weights, unpacked
-from ..utils import require_data
+from ..prompts import format_prompt
+from ..training import greedy_continuations, lr_schedule
+from ..utils import progress, require_data
 from .hidden import capture_hidden, final_norm  # noqa: F401 (the heads' hook, re-exported for the trainer)
 
 HEADS_NAME = "medusa-heads"
@@ -112,7 +115,7 @@ def load_heads(name_or_path, target, use_norm: bool | None = None) -> MedusaHead
         path = MODELS_DIR / str(name_or_path)
     if not has_weights(path, "heads.safetensors"):
         raise ValueError(f"no Medusa heads at {name_or_path} (a folder with heads.safetensors and config.json, or a "
-                         f"name under {MODELS_DIR}); train them with python -m specdec_utils.tools.train_medusa")
+                         f"name under {MODELS_DIR}); train them with python -m specdec_lab.train_medusa")
     config = json.loads((path / "config.json").read_text())
     hidden, vocab = target.config.hidden_size, target.get_output_embeddings().weight.shape[0]
     if config["hidden_size"] != hidden or config.get("target_vocab_size", vocab) != vocab:
@@ -189,3 +192,75 @@ def rank_accuracy(heads: MedusaHeads, target, sequences: list[tuple[list[int], i
     acc = head_accuracy(heads, target, sequences, topk=tuple(range(1, ranks + 1)))
     return [[acc[f"top{r + 1}"][k] - (acc[f"top{r}"][k] if r else 0.0) for r in range(ranks)]
             for k in range(heads.num_heads)]
+
+
+# ----------------------------------------------------------------------------- training
+def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
+          cosine_steps: int | None = None) -> float:
+    """The heads' learning rate at `step` (`training.lr_schedule`: transformers' warm-up and cosine
+    schedule with a floor): linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over
+    the remaining `cosine_steps` (default: the rest of training), then `eta_min`. Notebook 06's schedule
+    bug is `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
+    return _schedule(steps, peak, warmup, eta_min, cosine_steps)(step)
+
+
+def _schedule(steps: int, peak: float, warmup: int, eta_min: float, cosine_steps: int | None):
+    cosine_steps = max(1, steps - warmup) if cosine_steps is None else max(1, cosine_steps)
+    return lr_schedule(peak, warmup, warmup + cosine_steps, eta_min)
+
+
+def train_heads(heads: MedusaHeads, batches, steps: int, peak_lr: float = 3e-4, warmup: int = 500,
+                eta_min: float = 1e-5, cosine_steps: int | None = None, clip: float = 1.0,
+                log_every: int = 25, evaluate=None, eval_every: int = 250,
+                time_budget_s: float = float("inf")) -> list[dict]:
+    """AdamW on the heads' residual blocks. `batches()` returns (hidden [B, n, H], target logits
+    [B, n, V], mask [B, n]) for one step; `evaluate(heads)` (optional) returns a dict logged every
+    `eval_every` steps. Returns the log (step, loss, per-head agreement, lr, seconds)."""
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    device = heads.blocks[0].weight.device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    master = heads.blocks[0].weight.dtype
+    if device.type == "cuda" and master != torch.float32:
+        heads.blocks.float()  # fp32 master weights under bf16 autocast
+    rate = _schedule(steps, peak_lr, warmup, eta_min, cosine_steps)
+    log, start = [], time.time()
+    heads.train()
+    for step in progress(range(steps), desc="training heads"):
+        lr = rate(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        hidden, target_logits, mask = batches()
+        with autocast:
+            loss, agree = heads_loss(heads, hidden, target_logits, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        heads.trained_steps += 1
+        last = step == steps - 1 or time.time() - start > time_budget_s
+        if step % log_every == 0 or last:
+            entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": lr,
+                     "seconds": round(time.time() - start, 2)}
+            if evaluate is not None and (step % eval_every == 0 or last):
+                heads.eval()
+                with autocast:
+                    entry["heldout"] = evaluate(heads)
+                heads.train()
+            log.append(entry)
+        if last:
+            break
+    heads.eval()
+    if device.type == "cuda":
+        heads.blocks.to(master)
+    return log
+
+
+def heldout_sequences(target, tokenizer, rows: list[dict], new_tokens: int = 64) -> list[tuple[list[int], int]]:
+    """(prompt + the target's greedy continuation, prompt length) for each row."""
+    continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
+    out = []
+    for row, cont in zip(rows, continuations):
+        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
+        out.append((prompt + cont, len(prompt)))
+    return out

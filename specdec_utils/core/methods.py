@@ -24,32 +24,74 @@ default.
 
 `register(Method(...))` adds a method of your own. `greedy` and `sampling`, the names `draft` had before, still
 work (`ALIASES`; a result keeps the name it was asked by, as the benchmarks record it).
+
+A method family is imported when its method is first used, not with this module: the registry holds each
+family's policy as "module:Class" text and its proposer builder imports the family inside, so
+`generate(..., method="draft")` imports no EAGLE, block drafter, Medusa, hierarchy or Triton kernels
+(`tree_attention`).
 """
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 
-from . import block, hierarchy, policies, tree_drafting
-from . import eagle as eagle_heads
+from . import policies
 from .engine import DraftModelProposer, GenerationResult, NoDraft, Sampler, as_id_set, check_arguments, decode
 from .runner import ModelRunner
 from .verify import TypicalVerifier, Verifier
 
 
-@dataclass(frozen=True)
 class Method:
     """A named method: `make_proposer(models, what)` builds its proposer from the models passed to
     `generate` (a dict with "target", "draft", "draft_small", "heads", "eagle"); `policy` is its policy class
-    (its parameters come from `params`); `uses` names the models it reads; `greedy_only` methods
-    refuse a temperature."""
-    name: str
-    make_proposer: Callable
-    policy: type
-    uses: frozenset = field(default_factory=frozenset)
-    greedy_only: bool = False
+    (its parameters come from `params`), given as the class or as "module:Class" text ("module" absolute, or
+    relative to `specdec_utils.core` with a leading dot: ".eagle:EaglePolicy"), imported the first time it is
+    read; `uses` names the models it reads; `greedy_only` methods refuse a temperature."""
+    __slots__ = ("name", "make_proposer", "_policy", "uses", "greedy_only")
+
+    def __init__(self, name: str, make_proposer: Callable, policy: type | str, uses: frozenset = frozenset(),
+                 greedy_only: bool = False):
+        self.name, self.make_proposer, self._policy = name, make_proposer, policy
+        self.uses, self.greedy_only = frozenset(uses), greedy_only
+
+    @property
+    def policy(self) -> type:
+        """The policy class (its module imported now if it was given as text)."""
+        if isinstance(self._policy, str):
+            self._policy = _resolve(self._policy)
+        return self._policy
+
+    def loaded_policy(self) -> type | None:
+        """The policy class if its module is imported already, else None (importing nothing)."""
+        if isinstance(self._policy, str) and _module_path(self._policy) not in sys.modules:
+            return None
+        return self.policy
+
+    def __repr__(self) -> str:
+        policy = self._policy if isinstance(self._policy, str) else self._policy.__name__
+        return f"Method({self.name!r}, policy={policy!r}, uses={sorted(self.uses)}, greedy_only={self.greedy_only})"
+
+
+def _module_path(reference: str) -> str:
+    module = reference.partition(":")[0]
+    return f"{__package__}{module}" if module.startswith(".") else module
+
+
+def _resolve(reference: str):
+    """The object "module:name" names, its module imported (a leading dot: relative to this package)."""
+    module, _, attr = reference.partition(":")
+    if not attr:
+        raise ValueError(f"a policy given as text is 'module:Class', got {reference!r}")
+    return getattr(importlib.import_module(_module_path(reference)), attr)
+
+
+def _family(name: str):
+    """A module of `specdec_utils.core` if it is imported already, else None: an object of one of its classes
+    cannot exist before it is (so an isinstance test against it can skip the import)."""
+    return sys.modules.get(f"{__package__}.{name}")
 
 
 def _draft_model(models, what):
@@ -60,40 +102,43 @@ def _draft_model(models, what):
 
 
 def _hierarchy(models, what):
+    HierarchicalProposer, NgramDraft = _resolve(".hierarchy:HierarchicalProposer"), _resolve(".ngram:NgramDraft")
     draft, small = models["draft"], models["draft_small"]
     if draft is None:
         raise ValueError(f"{what} needs a draft model: pass draft=...")
     if small is None:
         raise ValueError(f"{what} needs draft_small=... (M1, the fastest level: a draft model or an n-gram "
                          f"table) under draft=... (M2)")
-    if not (isinstance(small, (hierarchy.NgramDraft, ModelRunner)) or callable(small)):
+    if not (isinstance(small, (NgramDraft, ModelRunner)) or callable(small)):
         raise ValueError(f"draft_small must be a model or an n-gram table (specdec_utils.core.ngram.NgramDraft), got "
                          f"{type(small).__name__} {small!r:.60}")
     small_vocab, middle_vocab = _output_vocab(small), _output_vocab(draft)
     if None not in (small_vocab, middle_vocab) and small_vocab != middle_vocab:
         raise ValueError(f"draft_small and draft must share the output vocabulary, got {small_vocab} and "
                          f"{middle_vocab} token ids")
-    return hierarchy.HierarchicalProposer(small, draft)
+    return HierarchicalProposer(small, draft)
 
 
 def _medusa(models, what):
+    MedusaHeads, MedusaProposer = _resolve(".medusa:MedusaHeads"), _resolve(".tree_drafting:MedusaProposer")
     heads, target = models["heads"], _model(models["target"])
-    if not isinstance(heads, tree_drafting.MedusaHeads):
+    if not isinstance(heads, MedusaHeads):
         raise ValueError(f"{what} needs heads=... (Medusa heads: specdec_utils.core.medusa.load_heads('medusa-heads', "
                          f"target)), got {type(heads).__name__}")
     if heads.target is not target:
         raise ValueError(f"{what}: these heads are attached to another target object; load them for this one: "
                          f"load_heads(name, target)")
-    return tree_drafting.MedusaProposer(heads)
+    return MedusaProposer(heads)
 
 
 def _draft_tree(models, what):
+    NgramDraft, DraftTreeProposer = _resolve(".ngram:NgramDraft"), _resolve(".tree_drafting:DraftTreeProposer")
     draft = models["draft"]
     usable = callable(draft) or isinstance(draft, ModelRunner)
-    if draft is None or isinstance(draft, hierarchy.NgramDraft) or not usable:
+    if draft is None or isinstance(draft, NgramDraft) or not usable:
         raise ValueError(f"{what} needs draft=... a transformers draft model (it runs tree-masked forwards), "
                          f"got {type(draft).__name__}")
-    return tree_drafting.DraftTreeProposer(draft)
+    return DraftTreeProposer(draft)
 
 
 # target -> the shipped head loaded for it; the head holds its target weakly, so the entry goes with the target
@@ -101,6 +146,7 @@ _SHIPPED_EAGLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _eagle_head(models, what):
+    eagle_heads = importlib.import_module(_module_path(".eagle"))
     head, target = models["eagle"], _model(models["target"])
     if head is None:  # the shipped head, loaded once per target object
         head = _SHIPPED_EAGLE.get(target)
@@ -122,19 +168,20 @@ def _eagle_head(models, what):
 
 
 def _eagle_chain(models, what):
-    return eagle_heads.EagleProposer(_eagle_head(models, what), tree=False)
+    return _resolve(".eagle:EagleProposer")(_eagle_head(models, what), tree=False)
 
 
 def _eagle_tree(models, what):
-    return eagle_heads.EagleProposer(_eagle_head(models, what), tree=True)
+    return _resolve(".eagle:EagleProposer")(_eagle_head(models, what), tree=True)
 
 
 def _block(models, what):
+    BlockDrafter, BlockProposer = _resolve(".block:BlockDrafter"), _resolve(".block:BlockProposer")
     drafter = models["draft"]
-    if not isinstance(drafter, block.BlockDrafter):
+    if not isinstance(drafter, BlockDrafter):
         raise ValueError(f"{what} needs draft=... a block drafter (specdec_utils.core.block.block_drafter_for(target) "
                          f"or a trained one), got {type(drafter).__name__}")
-    return block.BlockProposer(drafter)
+    return BlockProposer(drafter)
 
 
 def _model(model_or_runner):
@@ -167,14 +214,14 @@ for _method in (
     Method("confidence-stop", _draft_model, policies.ConfidenceStop, DRAFT),
     Method("adaedl", _draft_model, policies.AdaEDL, DRAFT),
     Method("learned-stop", _draft_model, policies.LearnedStop, DRAFT),
-    Method("hierarchical", _hierarchy, hierarchy.HierarchyPolicy, frozenset({"draft", "draft_small"})),
-    Method("hierarchical-noloop", _hierarchy, hierarchy.NoLoopPolicy, frozenset({"draft", "draft_small"})),
-    Method("medusa", _medusa, tree_drafting.MedusaPolicy, frozenset({"heads"})),
-    Method("draft-tree", _draft_tree, tree_drafting.DraftTreePolicy, DRAFT),
-    Method("eagle-chain", _eagle_chain, eagle_heads.EagleChainPolicy, frozenset({"eagle"})),
-    Method("eagle", _eagle_tree, eagle_heads.EaglePolicy, frozenset({"eagle"})),
-    Method("block", _block, block.BlockPolicy, DRAFT),
-    Method("block-confidence", _block, block.BlockConfidence, DRAFT),
+    Method("hierarchical", _hierarchy, ".hierarchy:HierarchyPolicy", frozenset({"draft", "draft_small"})),
+    Method("hierarchical-noloop", _hierarchy, ".hierarchy:NoLoopPolicy", frozenset({"draft", "draft_small"})),
+    Method("medusa", _medusa, ".tree_drafting:MedusaPolicy", frozenset({"heads"})),
+    Method("draft-tree", _draft_tree, ".tree_drafting:DraftTreePolicy", DRAFT),
+    Method("eagle-chain", _eagle_chain, ".eagle:EagleChainPolicy", frozenset({"eagle"})),
+    Method("eagle", _eagle_tree, ".eagle:EaglePolicy", frozenset({"eagle"})),
+    Method("block", _block, ".block:BlockPolicy", DRAFT),
+    Method("block-confidence", _block, ".block:BlockConfidence", DRAFT),
 ):
     register(_method)
 
@@ -182,21 +229,40 @@ METHODS = tuple(REGISTRY)
 ALIASES = {"greedy": "draft", "sampling": "draft"}  # the names before: one method with a temperature
 
 
-def _registered(method: str) -> Method:
-    """The registered method of a name or of one of its earlier names (`ALIASES`)."""
-    return REGISTRY[ALIASES.get(method, method)]
 GREEDY_ONLY = tuple(name for name, m in REGISTRY.items() if m.greedy_only)
 HIERARCHICAL = ("hierarchical", "hierarchical-noloop")
 TREES = ("medusa", "draft-tree", "eagle")
-POLICIES = {name: m.policy for name, m in REGISTRY.items()}
+
+
+def _registered(method: str) -> Method:
+    """The registered method of a name or of one of its earlier names (`ALIASES`)."""
+    return REGISTRY[ALIASES.get(method, method)]
+
+
+class _Policies(Mapping):
+    """method name -> its policy class, read from the registry (a family is imported when its entry is read)."""
+
+    def __getitem__(self, name: str) -> type:
+        return REGISTRY[name].policy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY)
+
+    def __len__(self) -> int:
+        return len(REGISTRY)
+
+
+POLICIES: Mapping[str, type] = _Policies()
 
 
 def method_for_policy(policy: policies.DraftingPolicy) -> Method:
     """The registered method whose policy class is the closest ancestor of `policy`'s class (a plain
-    `DraftingPolicy` subclass of your own runs with the draft model)."""
+    `DraftingPolicy` subclass of your own runs with the draft model). A family not imported yet holds no
+    ancestor of an existing object's class, so it stays unimported."""
     mro = type(policy).__mro__
-    candidates = [m for m in REGISTRY.values() if m.name != "ar" and isinstance(policy, m.policy)]
-    return min(candidates, key=lambda m: mro.index(m.policy))
+    candidates = [(m, cls) for m in REGISTRY.values() if m.name != "ar"
+                  for cls in [m.loaded_policy()] if cls is not None and isinstance(policy, cls)]
+    return min(candidates, key=lambda pair: mro.index(pair[1]))[0]
 
 
 def policy_parameters(method: str) -> list[str]:
@@ -214,9 +280,10 @@ def default_gamma(method: str):
 def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies.DraftingPolicy:
     """The policy of `method`, with `params` checked against what it takes (gamma None: its default)."""
     params = dict(params or {})
+    policy_class = _registered(method).policy  # its family imported now
     allowed = policy_parameters(method)
     unknown = sorted(set(params) - set(allowed))
-    renamed = getattr(_registered(method).policy, "renamed", {})
+    renamed = getattr(policy_class, "renamed", {})
     if unknown and unknown[0] in renamed:
         raise ValueError(f"the parameter {unknown[0]!r} of method {method!r} is now {renamed[unknown[0]]!r} (an "
                          f"entropy threshold, in nats; tau names tokens per target pass)")
@@ -225,14 +292,14 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
                          f"{', '.join(allowed) if allowed else 'none'}")
     if method == "learned-stop":
         params.setdefault("draft", _model(draft))
-    if issubclass(_registered(method).policy, block.BlockPolicy) and isinstance(draft, block.BlockDrafter):
+    block = _family("block")  # None: neither this policy nor the draft can be the block drafter's
+    if block is not None and issubclass(policy_class, block.BlockPolicy) and isinstance(draft, block.BlockDrafter):
         # a block holds block_size - 1 drafts
         slots = draft.block_size - 1
         if gamma is not None and gamma > slots:
             raise ValueError(f"method {method!r}: gamma must be at most {slots} (this drafter's block_size - 1), "
                              f"got {gamma}")
         gamma = slots if gamma is None else gamma
-    policy_class = _registered(method).policy
     return policy_class(**params) if gamma is None else policy_class(**params, gamma=gamma)
 
 

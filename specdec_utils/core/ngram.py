@@ -11,7 +11,7 @@ arXiv 2312.11462). The answer is a distribution: the counts of the tokens that f
 verifies it exactly like a model's. No match anywhere: `None`, and the level stops drafting.
 
 It costs a dictionary lookup and a short scan of the context (tens of microseconds), no forward
-pass. It is built by `python -m specdec_utils.tools.train_draft --names ngram` from the same kind of
+pass. It is built by `python -m specdec_lab.train_draft --names ngram` from the same kind of
 target-written corpus as the drafts, and saved as `data/models/ngram/table.safetensors` (shipped lzma-packed as
 `table.safetensors.xz`, read through `models.unpacked`).
 """
@@ -101,7 +101,7 @@ class NgramDraft(nn.Module):
                                         "specdec_utils.models.load_model('ngram') or NgramDraft.load(models.unpacked("
                                         "folder))")
             raise FileNotFoundError(f"no n-gram table at {path}: build it with "
-                                    "`python -m specdec_utils.tools.train_draft --names ngram` (see README)")
+                                    "`python -m specdec_lab.train_draft --names ngram` (see README)")
         tables = {}
         with safe_open(str(path), framework="pt") as f:
             vocab_size = int(f.metadata()["vocab_size"])

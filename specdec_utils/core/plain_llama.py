@@ -226,12 +226,22 @@ class PlainRunner(ModelRunner):
         self.pos = length
 
     def commit(self, prefix: int, path, length: int) -> None:
+        """`ModelRunner.commit`: keep `prefix` positions, then the fed nodes `path` moved into place, cut at `length`
+        (below prefix + len(path) when the round ended at an EOS). Raises for a node that was not fed or a cut past
+        the kept positions."""
         path = [int(p) for p in path]
+        fed = self.pos - prefix  # the nodes in the cache after the prefix
+        if prefix < 0 or len(path) > fed or any(not 0 <= p < fed for p in path):
+            raise ValueError(f"cannot commit path {path} after {prefix} positions of a cache holding {self.pos}; "
+                             f"allowed: 0 <= prefix, at most {max(fed, 0)} nodes, each in 0..{fed - 1}")
+        if not 0 <= length <= prefix + len(path):
+            raise ValueError(f"cannot cut the committed cache at {length}; allowed: 0 <= length <= prefix + len(path) "
+                             f"= {prefix + len(path)}")
         if path != list(range(len(path))):  # a chain's accepted nodes are already in place
             keep = torch.tensor(path, dtype=torch.long, device=self.core.device)
             for buffer in (self.core.keys, self.core.values):
                 move_path(buffer, 3, prefix, keep)
-        self.pos = min(prefix + len(path), length, self.pos)
+        self.pos = length
 
     def _room(self, needed: int) -> None:
         capacity = -(-max(needed, 1) // CHUNK) * CHUNK

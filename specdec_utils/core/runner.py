@@ -30,6 +30,7 @@ run eagerly on the same cache.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 
 import torch
@@ -38,7 +39,6 @@ from .graphs import GraphCache, record_cuda_graph  # noqa: F401 (record_cuda_gra
 from .kv_cache import cache_length, gather_cache, trim_cache
 from .static_cache import CHUNK, StaticKVCache, supports_static_cache
 from .tree import check_parents, depths, is_chain, tree_attention_mask
-from .tree_attention import tree_kwargs
 
 MAX_GRAPH_TOKENS = 16  # forwards of more tokens run eagerly (the prefill, long catch-ups)
 CACHES = ("static", "dynamic")
@@ -90,6 +90,17 @@ def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torc
                 position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=num_logits,
                 **tree_kwargs(model, new.shape[1], parents, fed, device, seen))
     return out.logits[0, -num_logits:], out.past_key_values
+
+
+def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device, cache_len: int) -> dict:
+    """What a tree pass passes to a model running one of the Triton backends (`tree_attention.tree_kwargs`: the
+    pass's parents), else nothing. Those backends exist once `tree_attention` is imported (importing it registers
+    them with transformers, and `use_backend` switches a model to one), so until then no model can run one and
+    this imports nothing: the Triton module is imported by whoever asks for its attention, never by the runner."""
+    tree_attention = sys.modules.get(f"{__package__}.tree_attention")
+    if tree_attention is None:
+        return {}
+    return tree_attention.tree_kwargs(model, n_committed, parents, fed, device, cache_len)
 
 
 def new_cache(model, tokens: int, kind: str = "static"):

@@ -12,17 +12,12 @@ tokens whichever device the probabilities live on.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-from .checks import require
+from .checks import check_sampling
 
 _TOKEN_DTYPES = (torch.int64, torch.int32)
-
-
-def _require(ok: bool, name: str, allowed: str, value) -> None:
-    require(name, value, ok, allowed)
 
 
 def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
@@ -41,17 +36,13 @@ def warp_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
     two places, so they are not used here: (1) tokens tied across the top-p boundary: both keep the same
     number of them, transformers the highest indices (it sorts ascending and cuts the low tail), this
     function the lowest; (2) tiny temperatures: transformers divides the raw logits, which overflow to
-    inf (NaN probabilities, e.g. at 1e-39), where this function shifts by the row maximum first. They also
-    take only [batch, V] rows, reject temperature 0 and top_k 0 (tests/test_sampling.py pins all this).
-    With top_p = 1, as in every committed sampled benchmark, the two agree.
+    inf (NaN probabilities, e.g. at 1e-39), where this function refuses a positive temperature below 1e-6
+    in one line (the engine's and the device loop's rule, `checks.check_sampling`) and shifts by the row
+    maximum first. They also take only [batch, V] rows, reject temperature 0 and top_k 0
+    (tests/test_sampling.py pins all this). With top_p = 1, as in every committed sampled benchmark, the two
+    agree.
     """
-    _require(isinstance(temperature, numbers.Real) and math.isfinite(temperature)
-             and temperature >= 0, "temperature", "a finite number >= 0 (0 means greedy)",
-             temperature)
-    _require(isinstance(top_k, numbers.Integral) and top_k >= 0, "top_k",
-             "an integer >= 0 (0 means off)", top_k)
-    _require(isinstance(top_p, numbers.Real) and 0 < top_p <= 1, "top_p",
-             "a number in (0, 1] (1.0 means off)", top_p)
+    check_sampling(temperature, top_k, top_p)  # the executors' own rules (`checks.py`)
 
     logits = logits.float()
     if temperature == 0:

@@ -73,10 +73,12 @@ class PreallocatedLayer(CacheLayer):
         return self.length
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Negative: remove that many positions (transformers >= 5.2x); positive: keep that many (the
-        legacy meaning, still accepted by 5.17). Either way only the pointer moves."""
-        keep = self.length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, self.length)
-        self.length = max(keep, 0)
+        """Negative: remove that many positions (transformers >= 5.2x), at most the `length` held (more raises);
+        positive: keep at most that many (the legacy meaning, still accepted by 5.17). Only the pointer moves."""
+        if -tokens_to_remove > self.length:
+            raise ValueError(f"cannot remove {-tokens_to_remove} positions from a cache layer of {self.length}; "
+                             f"allowed: crop(-n) with 0 <= n <= {self.length}")
+        self.length = self.length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, self.length)
 
     def reset(self) -> None:
         self.length = 0

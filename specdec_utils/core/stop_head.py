@@ -10,18 +10,20 @@ entropy), in a few minutes on a CPU. `policies.LearnedStop` multiplies its predi
 and stops when the predicted probability that the round has already failed exceeds a threshold.
 
 This module is what runs at decode time (the head, its features, finding a draft's head); the training
-pipeline is `tools/train_stop_head.py`:
+pipeline is `specdec_lab/train_stop_head.py`:
 
-    python -m specdec_utils.tools.train_stop_head --drafts draft-s,draft-m   # the shipped heads
+    python -m specdec_lab.train_stop_head --drafts draft-s,draft-m   # the shipped heads
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from sklearn.metrics import roc_auc_score
 from torch import nn
 
 HEAD_FILE = "stop_head.pt"
+LOG_FILE = "stop_head_log.json"  # its training log, beside it
 MODES = ("greedy", "sampled")  # the head's two outputs
 
 
@@ -77,10 +79,19 @@ def resolve_head(head, draft) -> StopHead:
         head = folder / HEAD_FILE
         if not head.exists():
             raise ValueError(f"method 'learned-stop' needs a stop head for this draft; none at {head}. "
-                             f"Train one: python -m specdec_utils.tools.train_stop_head --drafts NAME --out FOLDER "
+                             f"Train one: python -m specdec_lab.train_stop_head --drafts NAME --out FOLDER "
                              f"(writes FOLDER/NAME/{HEAD_FILE}), then pass params={{'head': path}}")
     path = Path(head)
     if not path.exists():
         raise ValueError(f"stop head {path} does not exist")
     device = next(draft.parameters()).device if draft is not None else "cpu"
     return StopHead.load(path).to(device)
+
+
+def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
+    """Area under the ROC curve (scikit-learn's `roc_auc_score`): the probability that a random positive
+    scores above a random negative, ties counting half; nan without both kinds."""
+    positive = positive.bool().cpu()
+    if positive.all() or not positive.any():
+        return float("nan")
+    return float(roc_auc_score(positive.numpy(), scores.detach().double().cpu().numpy()))

@@ -14,10 +14,11 @@ H_kv (grouped-query attention); fp32, fp16 or bf16; returns [B, H, T, D]. One pr
 query heads that share a KV head, for a block of nodes and a slice of the prefix (flash-decoding);
 the prefix tiles run FlashAttention's online softmax with no mask at all, and a second small
 kernel merges the slices. `reference` (SDPA with the boolean mask) is the oracle; `tiled_reference`
-is the same algorithm in PyTorch, for reading. `register` / `use_backend` make the kernels a
-transformers attention backend for tree passes. Without triton (macOS has no wheels) the module
-still imports; `AVAILABLE` is False and `WHY` says why. Without a GPU the kernels run in Triton's CPU
-interpreter (slow: tests and toy sizes, which is how CI tests them). Triton decides when it is first
+is the same algorithm in PyTorch, for reading. Importing this module registers the kernels as
+transformers attention backends for tree passes (`register`; `use_backend` switches a model to one).
+Without triton (macOS has no wheels) the module still imports; `AVAILABLE` is False and `WHY` says
+why. Without a GPU the kernels run in Triton's CPU interpreter (slow: tests and toy sizes, which is
+how CI tests them). Triton decides when it is first
 imported (and transformers imports it with its model classes), so `TRITON_INTERPRET=1` must be in the
 environment before that: every notebook's first cell and the tests' conftest set it; if it was not,
 `WHY` says so in one line.
@@ -437,7 +438,8 @@ def _backend(use_mask: bool):
 
 
 def register() -> list[str]:
-    """Register the kernels with transformers under the names of `BACKENDS` (idempotent):
+    """Register the kernels with transformers under the names of `BACKENDS` (idempotent; importing this module
+    does it where Triton is available):
     `model.set_attn_implementation("tree_triton")` then makes the model's tree verification use
     the mask-free kernel, `"tree_triton_masked"` the masked one; other forwards stay SDPA's."""
     if not AVAILABLE:
@@ -458,6 +460,10 @@ def use_backend(model, name: str) -> str:
     previous = attn_implementation(model)
     model.set_attn_implementation(name)
     return previous
+
+
+if AVAILABLE:  # the backends exist with this module: whoever imports it asked for Triton's attention
+    register()
 
 
 def tree_kwargs(model, n_committed: int, parents: torch.Tensor, fed: int, device, cache_len: int) -> dict:

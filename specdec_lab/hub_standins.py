@@ -1,6 +1,6 @@
 """Stand-ins for the hub models of the `colab-gpu` preset, for machines without a network.
 
-`python -m specdec_utils.tools.hub_standins [--device cuda]` writes, into the Hugging Face hub cache
+`python -m specdec_lab.hub_standins [--device cuda]` writes, into the Hugging Face hub cache
 (`$HF_HUB_CACHE`, by default ~/.cache/huggingface/hub), a copy of each hub model the preset loads, where
 `load_model("HuggingFaceTB/SmolLM2-1.7B-Instruct")` finds it with `HF_HUB_OFFLINE=1`:
 
@@ -41,7 +41,7 @@ CONFIGS = {
 }
 SAME_AS_TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the offline target is this model
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-NOTE = ("STAND-IN written by specdec_utils.tools.hub_standins, not the hub's files: {what}. It exercises the code "
+NOTE = ("STAND-IN written by specdec_lab.hub_standins, not the hub's files: {what}. It exercises the code "
         "path and the real shapes; its outputs, acceptance rates and speedups say nothing about the real model.\n")
 
 
@@ -93,13 +93,13 @@ def link_target(target_dir: Path, cache: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_utils.tools.hub_standins",
+    ap = argparse.ArgumentParser(prog="python -m specdec_lab.hub_standins",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", type=Path, default=None, help="the hub cache to write into (default: HF_HUB_CACHE)")
     ap.add_argument("--device", default="cpu", help="where the random weights are drawn (cuda is faster)")
     ap.add_argument("--only", default="", help="comma-separated repository ids (default: every stand-in)")
     args = ap.parse_args(argv)
-    from ..models import ensure_target_cache
+    from specdec_utils.models import ensure_target_cache
     cache = args.cache or hub_cache()
     wanted = [r for r in args.only.split(",") if r] or [SAME_AS_TARGET, *CONFIGS]
     unknown = [r for r in wanted if r not in (SAME_AS_TARGET, *CONFIGS)]

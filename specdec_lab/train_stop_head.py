@@ -5,7 +5,7 @@ next token is a continuation token, the draft's hidden state and distribution gi
 target's and the draft's distributions give the exact acceptance probabilities of the draft's next token, greedy
 and sampled at temperature 1: the soft labels of a binary cross entropy. A few minutes on a CPU.
 
-    python -m specdec_utils.tools.train_stop_head --drafts draft-s,draft-m   # the shipped heads, data/models/<draft>/
+    python -m specdec_lab.train_stop_head --drafts draft-s,draft-m   # the shipped heads, data/models/<draft>/
 """
 from __future__ import annotations
 
@@ -19,14 +19,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 
-from ..core.hidden import capture_hidden
-from ..core.stop_head import HEAD_FILE, MODES, StopHead
-from ..utils import command_line, progress, seed_everything
-from .train_draft import batch
-
-LOG_FILE = "stop_head_log.json"  # written next to the head
+from specdec_utils.core.hidden import capture_hidden
+from specdec_utils.core.stop_head import HEAD_FILE, LOG_FILE, MODES, StopHead, roc_auc
+from specdec_utils.training import batch
+from specdec_utils.utils import command_line, progress, seed_everything
 
 
 @torch.no_grad()
@@ -92,19 +89,11 @@ def train_head(features: torch.Tensor, labels: torch.Tensor, steps: int = 2000, 
     return head.eval(), log
 
 
-def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
-    """Area under the ROC curve (scikit-learn's `roc_auc_score`): the probability that a random positive
-    scores above a random negative, ties counting half; nan without both kinds."""
-    positive = positive.bool().cpu()
-    if positive.all() or not positive.any():
-        return float("nan")
-    return float(roc_auc_score(positive.numpy(), scores.detach().double().cpu().numpy()))
-
-
 def main(argv: list[str] | None = None) -> int:
-    from ..models import MODELS_DIR, UnknownModelError, load_model
+    from specdec_utils.models import MODELS_DIR, UnknownModelError, load_model
+
     from .train_draft import generate_corpus
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.train_stop_head",
+    parser = argparse.ArgumentParser(prog="python -m specdec_lab.train_stop_head",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafts", default="draft-s,draft-m", help="comma-separated (default: %(default)s)")
@@ -134,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / name
         folder.mkdir(parents=True, exist_ok=True)
         head.save(folder)
-        command = command_line("specdec_utils.tools.train_stop_head", argv)
+        command = command_line("specdec_lab.train_stop_head", argv)
         log.update({"command": command, "target": args.target, "draft": name, "sequences": len(corpus),
                     "positions": len(features), "device": args.device, "corpus_seconds": round(corpus_s, 1),
                     "seconds": round(time.time() - start, 1)})

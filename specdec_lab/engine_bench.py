@@ -1,4 +1,4 @@
-"""The GPU engine benchmark of notebook 09: `python -m specdec_utils.tools.engine_bench [--out FILE]` (GPU only).
+"""The GPU engine benchmark of notebook 09: `python -m specdec_lab.engine_bench [--out FILE]` (GPU only).
 
 On the held-out prompts (one per category), greedy, `--max-new-tokens` tokens each:
 1. float32 identity: the target alone and greedy speculative decoding with each draft, on
@@ -23,12 +23,12 @@ import time
 import torch
 import transformers
 
-from .. import generate, get_preset, load_model
-from ..core import static_cache
-from ..core.runner import ModelRunner
-from ..models import weights_facts
-from ..prompts import eval_subset, format_prompt
-from ..utils import REPO_ROOT
+from specdec_utils import generate, get_preset, load_model
+from specdec_utils.core import static_cache
+from specdec_utils.core.runner import ModelRunner
+from specdec_utils.models import weights_facts
+from specdec_utils.prompts import eval_subset, format_prompt
+from specdec_utils.utils import REPO_ROOT
 
 
 def main(argv=None):

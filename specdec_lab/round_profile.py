@@ -1,6 +1,6 @@
 """Where a device-loop round's GPU time goes: kernels per round and GPU milliseconds, on a CUDA GPU.
 
-    python -m specdec_utils.tools.round_profile --loops ar@round,chain5@round,tree5x3x10@round@triton --out p.json
+    python -m specdec_lab.round_profile --loops ar@round,chain5@round,tree5x3x10@round@triton --out p.json
 
 Each loop is KIND@COMPILE[@ATTENTION]: KIND `ar`, `chainG` (the EAGLE head's chain, gamma G) or `treeDxKxN` (EAGLE's
 device tree); COMPILE `round` (the whole round compiled), `steps` (each pass) or `none`; ATTENTION `sdpa` (default)
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..utils import command_line
+from specdec_utils.utils import command_line
 
 
 def smollm2_shaped(dtype=torch.bfloat16):
@@ -32,7 +32,7 @@ def smollm2_shaped(dtype=torch.bfloat16):
 
 
 def build(spec: str, target, head, capacity: int):
-    from ..core.device_loop import DeviceLoop, DeviceTreeLoop
+    from specdec_utils.core.device_loop import DeviceLoop, DeviceTreeLoop
     parts = spec.split("@")
     if len(parts) not in (2, 3) or parts[1] not in ("round", "steps", "none"):
         raise ValueError(f"a loop is KIND@COMPILE[@ATTENTION] (e.g. tree5x3x10@round@triton), got {spec!r}")
@@ -81,12 +81,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.exit(2, "round_profile: needs a CUDA GPU (it times recorded rounds and reads the CUDA profiler)\n")
-    from ..core.eagle import load_eagle
+    from specdec_utils.core.eagle import load_eagle
     target = smollm2_shaped()
     head = load_eagle(args.eagle, target)
     out = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "capacity": args.capacity,
-           "command": command_line("specdec_utils.tools.round_profile", argv),
+           "command": command_line("specdec_lab.round_profile", argv),
            "loops": {}}
     with torch.no_grad():
         for spec in args.loops.split(","):

@@ -7,12 +7,12 @@ target's full next-token distribution on that text (forward KL, Sec. 4 of Distil
 reduced vocabulary: the `vocab_size` tokens the target writes most often, plus one slot for all
 others (see `models.ReducedVocabLlamaForCausalLM`).
 
-    python -m specdec_utils.tools.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
-    python -m specdec_utils.tools.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
+    python -m specdec_lab.train_draft --names draft-s,draft-m --device cuda   # the shipped drafts
+    python -m specdec_lab.train_draft --names draft-s --device cpu --sequences 64 --steps 30 \
         --new-tokens 32 --out /tmp/drafts                                        # a CPU smoke run
-    python -m specdec_utils.tools.train_draft --names ngram --device cpu --dtype bfloat16 \
+    python -m specdec_lab.train_draft --names ngram --device cpu --dtype bfloat16 \
         --corpus corpus.pt                                                       # notebook 05's n-gram table
-    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_draft --names draft-m --corpus corpus.pt \
+    torchrun --nproc_per_node 4 -m specdec_lab.train_draft --names draft-m --corpus corpus.pt \
         --objective kl+lk --checkpoint draft-m.state                             # four GPUs, resumable sittings
 
 `ngram` is not trained but counted: `ngram.NgramDraft.build` over the same target-written corpus
@@ -32,14 +32,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, get_cosine_with_min_lr_schedule_with_warmup_lr_rate
+from transformers import LlamaConfig
 
-from .. import report
-from ..core.ngram import NgramDraft
-from ..models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model, unpacked
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line, get_device, progress, seed_everything
-from . import distributed, objectives
+from specdec_utils import objectives, report, theory
+from specdec_utils.core.ngram import NgramDraft
+from specdec_utils.models import MODELS_DIR, NGRAM_NAME, ReducedVocabLlamaForCausalLM, load_model, unpacked
+from specdec_utils.prompts import build_prompts, format_prompt
+from specdec_utils.training import batch, greedy_continuations, lr_schedule
+from specdec_utils.utils import command_line, get_device, progress, seed_everything
+
+from . import distributed
 
 DRAFT_SHAPES = {
     "draft-s": dict(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
@@ -170,21 +172,6 @@ def make_draft(name: str, target, vocab_ids: torch.Tensor) -> ReducedVocabLlamaF
     return draft
 
 
-def batch(corpus: list[dict], idx, max_len: int | None, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) [len(idx), longest] of the corpus rows `idx`, right-padded with 0 and cut to
-    `max_len` tokens (None: whole rows)."""
-    if hasattr(corpus, "batch"):  # a `write_corpus.TokenCorpus` pads on its own
-        return corpus.batch(idx, max_len, device)
-    seqs = [corpus[i]["ids"][:max_len] for i in idx]
-    length = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), length, dtype=torch.long)
-    mask = torch.zeros(len(seqs), length, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        ids[row, :len(s)] = torch.tensor(s)
-        mask[row, :len(s)] = 1
-    return ids.to(device), mask.to(device)
-
-
 def distill_loss(draft, target, ids, mask, objective: str = "kl", weight: float = 1.0):
     """The `objective` (`objectives.per_position`: KL(p_target || q_draft), the acceptance objective, or both) per
     token, in the draft's vocabulary: the target's mass outside it goes to the draft's extra slot. Returns (mean
@@ -235,16 +222,6 @@ def heldout_agreement(draft, batch) -> float:
     guess = draft.draft_to_full[draft.draft_logits(input_ids=ids, attention_mask=mask).logits[..., :-1].argmax(-1)]
     draft.train(was_training)
     return (guess == top1)[scored].float().mean().item()
-
-
-def lr_schedule(peak: float, warmup: int, total: int, floor: float):
-    """The learning rate at a step, as a function (of a fractional step too, for a time budget): transformers'
-    linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor`, reached at the last of `total`
-    steps (`get_cosine_with_min_lr_schedule_with_warmup_lr_rate`, whose first step already trains at
-    peak / warmup), and `floor` after it (the library's cosine would rise again). Both trainers use it."""
-    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)  # the library schedules an optimizer
-    factor = get_cosine_with_min_lr_schedule_with_warmup_lr_rate(probe, warmup, total, min_lr=floor).lr_lambdas[0]
-    return lambda step: peak * factor(min(step, total - 1))
 
 
 def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len: int = 256,
@@ -310,33 +287,6 @@ def train(draft, target, corpus, steps: int, batch_size: int, lr: float, max_len
 
 
 # ----------------------------------------------------------------------------- evaluation
-def greedy_block_lengths(matches: list[bool], gamma: int) -> list[int]:
-    """Simulate greedy speculative decoding over a teacher-forced match sequence: each target
-    pass accepts the draft's leading matches (at most gamma) and adds one target token."""
-    produced, i = [], 0
-    while i < len(matches):
-        accepted = 0
-        while accepted < gamma and i + accepted < len(matches) and matches[i + accepted]:
-            accepted += 1
-        produced.append(accepted + 1)
-        i += accepted + 1
-    return produced
-
-
-@torch.no_grad()
-def greedy_continuations(target, tokenizer, rows: list[dict], new_tokens: int, batch_size: int = 64) -> list[list[int]]:
-    """The target's greedy continuation of each row (batched, left-padded), cut after EOS."""
-    tokenizer.padding_side = "left"
-    eos, out = tokenizer.eos_token_id, []
-    for i in range(0, len(rows), batch_size):
-        texts = [format_prompt(tokenizer, r) for r in rows[i:i + batch_size]]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
-        gen = target.generate(**enc, max_new_tokens=new_tokens, do_sample=False, top_p=None, top_k=None,
-                              temperature=None, pad_token_id=eos)[:, enc.input_ids.shape[1]:].tolist()
-        out += [g[:g.index(eos) + 1] if eos in g else g for g in gen]
-    return out
-
-
 @torch.no_grad()
 def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, gamma: int = 4,
              continuations: list[list[int]] | None = None) -> dict:
@@ -356,7 +306,7 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
         q_logits = draft(ids.to(draft.device)).logits[0, n - 1:-1].float().to(device)
         matches = (q_logits.argmax(-1) == p_logits.argmax(-1)).tolist()
         matches_all += matches
-        blocks = greedy_block_lengths(matches, gamma)
+        blocks = [r.new_tokens for r in theory.simulate_rounds(matches, gamma)]  # the engine's rounds
         taus += blocks
         rounds.append((sum(blocks), len(blocks)))
         p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
@@ -397,7 +347,7 @@ def parse_args(argv=None):
                     help="go on training the saved draft in this folder (one name, its shape and vocabulary), "
                          "e.g. data/models/draft-m; with --steps 0 it is only measured")
     ap.add_argument("--objective", choices=objectives.OBJECTIVES, default="kl",
-                    help="what the draft minimises (tools/objectives.py): kl, lk (-log of the acceptance rate), kl+lk")
+                    help="what the draft minimises : kl, lk (-log of the acceptance rate), kl+lk")
     ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
     ap.add_argument("--checkpoint", type=Path, default=None,
                     help="save the training state here every --checkpoint-every steps, and resume from it if it "
@@ -526,14 +476,14 @@ def load_or_write_corpus(target, tokenizer, args) -> tuple[list[dict], int]:
 
 def main(argv=None):
     args = parse_args(argv)
-    command = command_line("specdec_utils.tools.train_draft", argv)
+    command = command_line("specdec_lab.train_draft", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         if args.corpus is None or not args.corpus.exists() or NGRAM_NAME in args.names:
             raise SystemExit("train_draft under torchrun trains drafts from a corpus written before: write it with "
                              "--corpus PATH --corpus-only (or tools.write_corpus) first; ngram is built on one process")
         args.device = str(copy_device)
-        command = command_line("specdec_utils.tools.train_draft", argv, distributed.world_size())
+        command = command_line("specdec_lab.train_draft", argv, distributed.world_size())
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)
     corpus, n_tokens = load_or_write_corpus(target, tokenizer, args)

@@ -1,30 +1,19 @@
-"""What one draft step costs: the EAGLE head's against the draft model's and the target's (notebook 07).
-
-A draft step is one token through the drafter with its cache: for `draft-m` a forward of its four layers, for
-the EAGLE head one entry through its single layer plus the lm_head rows of its vocabulary. All run eagerly at a
-realistic cache length; the target's eager step is the unit. On a GPU the head is also timed replayed from a CUDA
-graph ("eagle-head, graphed"), which is how the engine runs its steps there by default. Median of
-`--repeats` after warm-up, synchronised on a GPU, every model timed side by side in one run, spread printed.
-
-    python -m specdec_utils.tools.draft_step_bench --device cuda --out data/bench/draft_step_h200.json
-"""
+"""What one drafting step costs next to the target's, measured side by side in one run (lessons 07 and 11): the
+target's eager step is the unit; a draft model's step, an EAGLE head's step, the target's pass over k new tokens
+and a block drafter's round are timed at a realistic cache length. Median and spread of `repeats` after warm-up,
+synchronised on a GPU. A step's cost does not depend on the weights, only on the shapes."""
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ..core.block import BlockPolicy, BlockProposer, block_drafter_for
-from ..core.eagle import EAGLE_NAME, EagleProposer, load_eagle
-from ..core.engine import Sampler
-from ..core.runner import ModelRunner
-from ..models import load_model
-from ..utils import command_line, device_summary
+from .core.block import BlockPolicy, BlockProposer, block_drafter_for
+from .core.eagle import EAGLE_NAME, EagleProposer, load_eagle
+from .core.engine import Sampler
+from .core.runner import ModelRunner
+from .models import load_model
 
 
 def _sync(device):
@@ -46,7 +35,7 @@ def time_steps(step, device, repeats: int, warmup: int = 20) -> list[float]:
 
 
 @torch.inference_mode()
-def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m",
+def step_costs(device, dtype, context: int = 128, repeats: int = 200, head_name=EAGLE_NAME, draft_name="draft-m",
             verify=(), block_size: int = 0, markov_rank: int = 0, graphed: bool = False) -> dict:
     """Median and spread (ms) of one eager step of the target, `draft_name` and the EAGLE head at a cache of
     `context` tokens; with `verify` (token counts k) also the target's pass over k new tokens ("target xk"), and
@@ -101,33 +90,3 @@ def measure(device, dtype, context: int = 128, repeats: int = 200, head_name=EAG
         out["block-drafter"] = time_steps(block_round, device, repeats)
     return {name: {"median_ms": statistics.median(t), "p10_ms": sorted(t)[len(t) // 10],
                    "p90_ms": sorted(t)[9 * len(t) // 10]} for name, t in out.items()}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    ap.add_argument("--context", type=int, default=128, help="tokens in the caches")
-    ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--head", default=EAGLE_NAME, help="the EAGLE head (a name under data/models or a folder)")
-    ap.add_argument("--draft", default="draft-m", help="the draft model to compare with")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    result = measure(device, getattr(torch, args.dtype), args.context, args.repeats, args.head, args.draft,
-                     graphed=True)
-    record = {"device": device_summary(device), "dtype": args.dtype, "context": args.context,
-              "repeats": args.repeats, "steps": result,
-              "command": command_line("specdec_utils.tools.draft_step_bench", argv)}
-    for name, r in result.items():
-        print(f"{name:<19} median {r['median_ms']:.2f} ms (p10 {r['p10_ms']:.2f}, p90 {r['p90_ms']:.2f})")
-    ratio = result["eagle-head"]["median_ms"] / result["draft-m"]["median_ms"]
-    print(f"EAGLE head step / draft-m step, both eager: {ratio:.2f}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

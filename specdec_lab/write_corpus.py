@@ -25,11 +25,11 @@ launch per generated token for the whole batch, sampling included, and no host s
 ends. Attention reads the cache only up to the current slot, rounded up to 64 slots (one graph per
 such window and sampler).
 
-    python -m specdec_utils.tools.write_corpus --tokens 50000000 --out corpus.pt --device cuda \\
+    python -m specdec_lab.write_corpus --tokens 50000000 --out corpus.pt --device cuda \\
         --batch 2048 --new-tokens 256 --seed 0 --time-budget-s 540       # 50M tokens, one H100
-    torchrun --nproc_per_node 4 -m specdec_utils.tools.write_corpus --tokens 200000000 --out corpus.pt \
+    torchrun --nproc_per_node 4 -m specdec_lab.write_corpus --tokens 200000000 --out corpus.pt \
         --batch 2048 --new-tokens 256 --seed 0 --time-budget-s 540       # four GPUs: each writes a quarter
-    python -m specdec_utils.tools.write_corpus --tokens 2000 --out /tmp/corpus.pt --device cpu \\
+    python -m specdec_lab.write_corpus --tokens 2000 --out /tmp/corpus.pt --device cpu \\
         --batch 8 --new-tokens 32                                        # a CPU smoke run
 
 `load_corpus(path)` reads the result, or an old list-of-dicts corpus of train_draft, as a
@@ -50,11 +50,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..core.plain_llama import PlainLlama
-from ..core.runner import attention_backends
-from ..models import load_model
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line, default_dtype, get_device
+from specdec_utils.core.plain_llama import PlainLlama
+from specdec_utils.core.runner import attention_backends
+from specdec_utils.models import load_model
+from specdec_utils.prompts import build_prompts, format_prompt
+from specdec_utils.utils import command_line, default_dtype, get_device
+
 from . import distributed
 
 COPY_SEED_STRIDE = 1000  # under torchrun, copy r writes from seed + 1000 r (the copies' rows differ)
@@ -475,12 +476,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    command = command_line("specdec_utils.tools.write_corpus", argv)
+    command = command_line("specdec_lab.write_corpus", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU; each copy writes its share, seeded apart
     world, rank = distributed.world_size(), distributed.rank()
     if copy_device is not None:
         args.device = str(copy_device)
-        command = command_line("specdec_utils.tools.write_corpus", argv, world)
+        command = command_line("specdec_lab.write_corpus", argv, world)
     device = torch.device(args.device) if args.device else get_device()
     dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
     model, tokenizer = load_model(args.target, device=device, dtype=dtype)

@@ -1,6 +1,6 @@
 """Does Hugging Face's assisted generation propose what its draft would? Run per transformers version:
 
-    python -m specdec_utils.tools.hf_assist_check --out data/bench/hf_assist_check.json
+    python -m specdec_lab.hf_assist_check --out data/bench/hf_assist_check.json
 
 For each prompt, `hf-assisted` (bench's settings: constant schedule, gamma tokens, no confidence stop, greedy) runs
 with a spy on transformers' `AssistedCandidateGenerator.get_candidates`. Each round's candidates are compared with
@@ -20,10 +20,10 @@ import torch
 import transformers
 from transformers.generation import candidate_generator
 
-from ..models import load_model
-from ..prompts import eval_subset, format_prompt
-from ..utils import command_line
-from .bench import run_method
+from specdec_utils.measure import run_method
+from specdec_utils.models import load_model
+from specdec_utils.prompts import eval_subset, format_prompt
+from specdec_utils.utils import command_line
 
 
 def greedy_continuation(draft, ids: list[int], n: int) -> list[int]:
@@ -70,7 +70,7 @@ def check_prompt(target, draft, tokenizer, row: dict, gamma: int, max_new_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_utils.tools.hf_assist_check",
+    ap = argparse.ArgumentParser(prog="python -m specdec_lab.hf_assist_check",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="draft-m")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     draft, _ = load_model(args.draft, device="cpu", dtype=torch.float32)
     prompts = [check_prompt(target, draft, tokenizer, row, args.gamma, args.max_new_tokens)
                for row in eval_subset(args.per_category)]
-    run = {"command": command_line("specdec_utils.tools.hf_assist_check", argv), "torch": torch.__version__,
+    run = {"command": command_line("specdec_lab.hf_assist_check", argv), "torch": torch.__version__,
            "date": datetime.date.today().isoformat(), "target": args.target, "draft": args.draft, "dtype": "float32",
            "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "prompts": prompts}
     rounds, same = sum(p["rounds"] for p in prompts), sum(p["same_as_draft"] for p in prompts)

@@ -20,13 +20,13 @@ the target's greedy continuations of the held-out prompts: first-token agreement
 gamma 4 and 6, simulated exactly from one unrolled forward (greedy: a drafted chain is accepted up to its
 first mismatch; step k of the unrolled forward, counting from 0, *is* draft k + 1 when the earlier ones were right).
 
-    python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cuda --variants eagle3 \
+    python -m specdec_lab.train_eagle --corpus corpus.pt --device cuda --variants eagle3 \
         --time-budget-s 330 --out data/models/eagle-head                      # the shipped head (H100)
-    python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cuda \
+    python -m specdec_lab.train_eagle --corpus corpus.pt --device cuda \
         --variants eagle1,eagle3-layer,fused,ttt,eagle3 --time-budget-s 88 --eval-prompts 88 --ablation ablation.json
-    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_eagle --corpus corpus.pt --variants eagle3 \
+    torchrun --nproc_per_node 4 -m specdec_lab.train_eagle --corpus corpus.pt --variants eagle3 \
         --objectives kl,lk,kl+lk --steps 3000 --eval-prompts 176 --ablation objectives.json  # the objectives' ablation
-    python -m specdec_utils.tools.train_eagle --corpus corpus.pt --device cpu --variants eagle3 --steps 5 \
+    python -m specdec_lab.train_eagle --corpus corpus.pt --device cpu --variants eagle3 --steps 5 \
         --batch-size 2 --max-len 64 --eval-prompts 4 --out /tmp/head           # a CPU smoke run
 """
 from __future__ import annotations
@@ -39,187 +39,31 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from .. import report
-from ..core.eagle import EagleHead, load_eagle
-from ..core.hidden import capture_hidden, final_norm
-from ..models import has_weights
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line, seed_everything
-from . import distributed, objectives
-from .train_draft import device_name, frozen_target, greedy_continuations, in_float32, lr_schedule
+from specdec_utils import objectives, report, theory, training
+from specdec_utils.core.eagle import VARIANTS, EagleHead, build_head, eagle_loss, load_eagle
+from specdec_utils.models import has_weights
+from specdec_utils.prompts import build_prompts, format_prompt
+from specdec_utils.utils import command_line, seed_everything
 
-FUSED = "fused"
-VARIANTS = {
-    "eagle1": dict(layer="eagle1", features="last", ttt=1, feature_loss=1.0, ce=0.1, noise=0.1, vocab=0),
-    "eagle3-layer": dict(layer="eagle3", features="last", ttt=1, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
-    "fused": dict(layer="eagle3", features=FUSED, ttt=1, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
-    "ttt": dict(layer="eagle3", features=FUSED, ttt=5, feature_loss=0.0, ce=1.0, noise=0.0, vocab=0),
-    "eagle3": dict(layer="eagle3", features=FUSED, ttt=5, feature_loss=0.0, ce=1.0, noise=0.0, vocab=8192),
-}
-STEP_WEIGHT = 0.8  # EAGLE-3: step k of the unrolled forward weighs 0.8^k
+from . import distributed
+from .train_draft import device_name, frozen_target, greedy_continuations, in_float32
 
 
-def build_head(target, recipe: dict, vocab_ids: torch.Tensor | None) -> EagleHead:
-    n = target.config.num_hidden_layers
-    features = (n,) if recipe["features"] == "last" else None  # None: EAGLE-3's default low/middle/high layers
-    return EagleHead(target, recipe["layer"], features, vocab_ids if recipe["vocab"] else None)
-
-
-def eagle_loss(head: EagleHead, features, ids, mask, target_logits, recipe: dict, noise: float | None = None):
-    """The recipe's loss on one batch: per unrolled step k, the recipe's objective (`objectives`: KL by default,
-    the gradient of EAGLE's soft cross-entropy; or the acceptance objective -log sum min(p, q)) between the target's
-    distribution at position j + 1 + k (restricted to the draft vocabulary, where positions whose target
-    argmax falls outside it are skipped, as EAGLE-3 does) and the head's, plus (EAGLE-1) smooth L1 between the
-    head's output and the target's post-norm feature there. Returns (loss, [agreement per step])."""
-    outs = head.ttt_forward(features, ids, recipe["ttt"], mask, noise=recipe["noise"] if noise is None else noise)
-    n = ids.shape[1]
-    total, agree = 0.0, []
-    inside = None
-    if head.vocab_ids is not None:
-        inside = torch.zeros(head.vocab_size, dtype=torch.bool, device=ids.device)
-        inside[head.vocab_ids] = True
-    for k, h in enumerate(outs):
-        span = n - 1 - k  # entries j = 0..span-1 have a teacher at j + 1 + k
-        if span <= 0:
-            break
-        valid = mask[:, :span].bool() & mask[:, 1 + k:].bool()
-        teacher = target_logits[:, 1 + k:]
-        if inside is not None:
-            valid = valid & inside[teacher.argmax(-1)]
-        if not valid.any():
-            continue
-        teacher = teacher[valid]
-        if head.vocab_ids is not None:
-            teacher = teacher[:, head.vocab_ids]
-        p = torch.softmax(teacher.float(), -1)
-        hk = h[:, :span][valid]
-        logq = torch.log_softmax(head.logits(hk).float(), -1)
-        loss = recipe["ce"] * objectives.per_position(p, logq, recipe.get("objective", "kl"),
-                                                      recipe.get("lk_weight", 1.0)).mean()
-        if recipe["feature_loss"]:  # EAGLE-1: regress the target's post-norm feature there
-            post = final_norm(head.target)(features[:, 1 + k:, -head.hidden_size:][valid])
-            loss = loss + recipe["feature_loss"] * F.smooth_l1_loss(hk.float(), post.float())
-        total = total + STEP_WEIGHT ** k * loss
-        agree.append(round((logq.argmax(-1) == p.argmax(-1)).float().mean().item(), 4))
-    return total, agree
-
-
-def target_pass(target, head: EagleHead, ids, mask):
-    """The frozen target's features (at the head's layers) and logits on a batch."""
-    with torch.no_grad(), capture_hidden(target, head.target_hidden) as feats:
-        logits = target(input_ids=ids, attention_mask=mask).logits
-    return feats[0], logits
-
-
-def train(head: EagleHead, target, corpus, recipe: dict, steps: int, batch_size: int, lr: float, max_len: int,
+def train(head, target, corpus, recipe: dict, steps: int, batch_size: int, lr: float, max_len: int,
           seed: int = 0, time_budget_s: float = float("inf"), log_every: int = 50, verbose: bool = True,
           checkpoint: Path | None = None, checkpoint_every: int = 0, until: int | None = None,
           loss=None) -> list[dict]:
-    """Train `head` with `recipe` (a `VARIANTS` entry): AdamW on fp32 master weights, the schedule and budget of
-    `train_draft.train`. Returns the log (every `log_every` steps: loss, per-step agreement, lr, seconds).
-    `loss(head, features, ids, mask, target_logits, recipe)` -> (loss, agreements): `eagle_loss` by default; the
-    block drafter's trainer (`train_block`) passes its own, so both train in this one loop.
-
-    Under torchrun (`distributed`) every copy trains on its slice of one global sample of `batch_size` x world rows
-    (`batch_size` per GPU) and the gradients are averaged, so the copies keep the same weights. `checkpoint` (a
-    file): written by the first copy every `checkpoint_every` steps and at the end, and read back if it exists when
-    training starts: the head, its master weights, the optimizer, the sampler, the step and the time spent all go
-    on from there (a machine held for a limited time trains in several sittings). `until`: end this sitting after
-    that many steps in all (the schedule still spans `steps`)."""
-    device = target.device
-    head.train()
-    params = [p for p in head.parameters() if p.requires_grad]
-    master = [p.detach().float().clone().requires_grad_(True) for p in params]  # fp32 master weights
-    opt = torch.optim.AdamW(master, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rate = lr_schedule(lr, max(1, steps // 50), steps, 0.1 * lr)
-    rng = random.Random(seed)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    log, spent, first = [], 0.0, 0
-    state = distributed.load_checkpoint(checkpoint, device)
-    if state is not None:
-        with torch.no_grad():
-            for p, m, saved in zip(params, master, state["master"]):
-                m.copy_(saved)
-                p.copy_(m)
-        opt.load_state_dict(state["opt"])
-        rng.setstate(state["rng"])
-        log, spent, first = state["log"], state["seconds"], state["step"]
-    world, start, step = distributed.world_size(), time.time() - spent, first - 1
-    for step in range(first, steps):
-        done = distributed.agree_max(max(step / steps, (time.time() - start) / time_budget_s), device)
-        for group in opt.param_groups:
-            group["lr"] = rate(min(done, 1) * steps)
-        picks = rng.sample(range(len(corpus)), min(batch_size * world, len(corpus)))
-        ids, mask = corpus.batch(distributed.shard(picks), max_len, device)
-        feats, logits = target_pass(target, head, ids, mask)
-        with autocast:
-            value, agree = (loss or eagle_loss)(head, feats, ids, mask, logits, recipe)
-        for p in params:
-            p.grad = None
-        value.backward()
-        distributed.average_gradients(params)
-        for p, m in zip(params, master):
-            m.grad = p.grad.float() if p.grad is not None else torch.zeros_like(m)
-        torch.nn.utils.clip_grad_norm_(master, 0.5)
-        opt.step()
-        with torch.no_grad():
-            for p, m in zip(params, master):
-                p.copy_(m)
-        last = done >= 1 or step == steps - 1 or step + 1 == until
-        if step % log_every == 0 or last:
-            entry = {"step": step, "loss": value.item(), "agreement": agree, "lr": opt.param_groups[0]["lr"],
-                     "seconds": round(time.time() - start, 1)}
-            log.append(entry)
-            if verbose and distributed.is_main():
-                print(json.dumps(entry), flush=True)
-        if checkpoint is not None and checkpoint_every and ((step + 1) % checkpoint_every == 0 or last):
-            distributed.save_checkpoint(checkpoint, {
-                "master": [m.detach() for m in master], "opt": opt.state_dict(), "rng": rng.getstate(),
-                "log": log, "seconds": time.time() - start, "step": step + 1})
-        if last:
-            break
-    head.trained_steps = step + 1
-    head.eval()
-    return log
+    """`training.train` with `eagle_loss` by default (the block drafter's trainer passes `block_loss`), under
+    torchrun across the copies (`distributed`)."""
+    return training.train(head, target, corpus, recipe, steps, batch_size, lr, max_len, loss or eagle_loss, seed=seed,
+                          time_budget_s=time_budget_s, log_every=log_every, verbose=verbose, checkpoint=checkpoint,
+                          checkpoint_every=checkpoint_every, until=until, parallel=distributed)
 
 
 # ----------------------------------------------------------------------------- evaluation
-def chain_rounds(matches: torch.Tensor, gamma: int) -> list[int]:
-    """Greedy chain rounds over one continuation: `matches[m, k]` says whether the k-th token drafted in a round
-    whose newest token is continuation token m is right (False past the end). Each round accepts the leading
-    matches (at most gamma) and adds the target's token; returns the tokens each drafting round produced (the
-    prefill, which has no features to draft from, is not counted)."""
-    produced, m = [], 0
-    while m < matches.shape[0] - 1:
-        accepted = 0
-        while accepted < gamma and bool(matches[m, accepted]):
-            accepted += 1
-        produced.append(accepted + 1)
-        m += accepted + 1
-    return produced
-
-
-def acceptance_by_position(matches: torch.Tensor, gamma: int) -> tuple[list[int], list[int]]:
-    """The rounds of `chain_rounds`, counted by draft position: `reached[k]`, the rounds whose first k drafts were all
-    accepted and whose (k+1)-th draft lies inside the continuation; `accepted[k]`, those of them that accepted it.
-    accepted[k] / reached[k] is the conditional acceptance of position k + 1."""
-    reached, accepted, m, count = [0] * gamma, [0] * gamma, 0, matches.shape[0]
-    while m < count - 1:
-        k = 0
-        while k < gamma and m + 1 + k < count:
-            reached[k] += 1
-            if not bool(matches[m, k]):
-                break
-            accepted[k] += 1
-            k += 1
-        m += k + 1
-    return reached, accepted
-
-
 def by_position(pairs: list[tuple[list[int], list[int]]]) -> dict:
-    """`acceptance_by_position` summed over prompts: the counts and each position's rate."""
+    """`theory.position_counts` (reached, accepted) summed over prompts: the counts and each position's rate."""
     reached = [sum(col) for col in zip(*(r for r, _ in pairs))]
     accepted = [sum(col) for col in zip(*(a for _, a in pairs))]
     return {"reached": reached, "accepted": accepted,
@@ -239,7 +83,7 @@ def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + cont], device=target.device)
         n, length = len(prompt), ids.shape[1]
-        feats, _ = target_pass(target, head, ids, None)
+        feats, _ = training.target_pass(target, head, ids, None)
         outs = head.ttt_forward(feats, ids, steps)
         guesses = torch.stack([head.logits(h[0]).argmax(-1) for h in outs], 1)  # [L, steps]
         if head.vocab_ids is not None:
@@ -255,9 +99,10 @@ def evaluate(head: EagleHead, target, tokenizer, rows: list[dict], continuations
                     matches[m, k] = bool(guesses[n + m - 1, k] == ids[0, pos])
         first += int(matches[:-1, 0].sum())
         total += max(count - 1, 0)
-        positions.append(acceptance_by_position(matches, steps))
+        # the engine's rounds (`theory.simulate_rounds`: matches[m, k] is this matrix, the prefill's round left out)
+        positions.append(theory.position_counts(theory.simulate_rounds(matches, steps), steps))
         for g in gammas:
-            rounds = chain_rounds(matches, g)
+            rounds = [r.new_tokens for r in theory.simulate_rounds(matches, g)]
             produced[g].append((sum(rounds), len(rounds)))
     out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total,
            f"acceptance_by_position_gamma{steps}": by_position(positions)}
@@ -300,7 +145,7 @@ def parse_args(argv=None):
                          "exists (one variant)")
     ap.add_argument("--checkpoint-every", type=int, default=200)
     ap.add_argument("--objectives", default="kl",
-                    help=f"comma-separated, from {', '.join(objectives.OBJECTIVES)} (tools/objectives.py); each "
+                    help=f"comma-separated, from {', '.join(objectives.OBJECTIVES)} (specdec_utils.objectives); each "
                          "variant is trained once per objective (an ablation: the same corpus, seed and steps)")
     ap.add_argument("--lk-weight", type=float, default=1.0, help="kl+lk: the weight of the acceptance term")
     ap.add_argument("--seed", type=int, default=0)
@@ -326,11 +171,11 @@ def parse_args(argv=None):
 def main(argv=None):
     from .write_corpus import load_corpus
     args = parse_args(argv)
-    command = command_line("specdec_utils.tools.train_eagle", argv)
+    command = command_line("specdec_lab.train_eagle", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         args.device = str(copy_device)
-        command = command_line("specdec_utils.tools.train_eagle", argv, distributed.world_size())
+        command = command_line("specdec_lab.train_eagle", argv, distributed.world_size())
     main_copy = distributed.is_main()
     seed_everything(args.seed)
     target, tokenizer, dtype = frozen_target(args)

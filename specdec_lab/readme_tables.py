@@ -1,9 +1,9 @@
 """The result tables of README.md and of the lab page (notebooks/lab/README.md), rendered from the committed JSON
 (never typed).
 
-    python -m specdec_utils.tools.readme_tables            # print every table
-    python -m specdec_utils.tools.readme_tables --write    # rewrite both pages' result blocks in place
-    python -m specdec_utils.tools.readme_tables --check    # exit 1 if a page's blocks differ from the JSON
+    python -m specdec_lab.readme_tables            # print every table
+    python -m specdec_lab.readme_tables --write    # rewrite both pages' result blocks in place
+    python -m specdec_lab.readme_tables --check    # exit 1 if a page's blocks differ from the JSON
 
 A block in either page sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; everything between
 the two markers is this module's output for NAME. Speedups are against `ar` measured in the same run, with
@@ -17,9 +17,10 @@ import json
 import re
 import sys
 
-from .. import report
-from ..models import earlier_draft_note, recorded_weights, used_earlier_draft
-from ..utils import REPO_ROOT
+from specdec_utils import measure, report
+from specdec_utils.utils import REPO_ROOT
+
+from .provenance import earlier_draft_note, recorded_weights, replaced_head, used_earlier_draft
 
 BENCH = REPO_ROOT / "data" / "bench"
 MODELS = REPO_ROOT / "data" / "models"
@@ -286,7 +287,7 @@ def ngram_table() -> str:
 
 def leaderboard_table() -> str:
     """One row per committed board: greedy draft-m's speedup, the fastest tier, and outputs equal to ar's."""
-    from . import leaderboard
+    from specdec_utils import leaderboard
     files = leaderboard.committed_files(BENCH)
     lines = ["| board | `greedy` or `sampling` (tau) | fastest, and every method tied with it "
              "| greedy outputs = `ar`'s |", "|---|---|---|---|"]
@@ -342,7 +343,7 @@ def runtimes_table() -> str:
 
 
 def step_gpu_table() -> str:
-    """One target step four ways (tools/step_bench): kernels, ms (median, min-max), against the bandwidth floor."""
+    """One target step four ways (step_bench): kernels, ms (median, min-max), against the bandwidth floor."""
     run = _load("step_gpu_h100.json")
     rows = [f"{run['device']}, {run['dtype']}, torch {run['torch']}, transformers {run['transformers']}, "
             f"{run['date']}; cache {run['steps'][0]['cache_len']} tokens, {run['repeats']} runs of {run['iters']} "
@@ -357,9 +358,9 @@ def step_gpu_table() -> str:
 
 
 def trees_graphed_table() -> str:
-    """Every method on the compiled, graphed plain runner (tools/tree_graph_bench): three runs, speedups over the
+    """Every method on the compiled, graphed plain runner (specdec_lab/tree_graph_bench): three runs, speedups over the
     same runner's `ar` (median and min-max over runs; bootstrap over prompts) and over the engine's graphed `ar`."""
-    from .. import report
+    from specdec_utils import report
     run, identity = _load("tree_graph_h100.json"), _load("tree_graph_identity_h100.json")
     records = run["records"]
     runs = sorted({r["repeat"] for r in records})
@@ -387,11 +388,11 @@ def trees_graphed_table() -> str:
 
 
 def device_loop_table() -> str:
-    """The greedy round on the device (core/device_loop.py, tools/tree_graph_bench --part device-*): the held-out
+    """The greedy round on the device (core/device_loop.py, specdec_lab/tree_graph_bench --part device-*): the held-out
     board (tokens per second, the median over its repeats; speedups over the device loop's `ar`, the median of the
     repeats' ratios with their min-max and the bootstrap over prompts, and over the engine's graphed `ar`), the GPU
     time of a round, the gammas and the tree's shape tuned on training prompts, and the float32 check."""
-    from .. import report
+    from specdec_utils import report
     run, identity, tune, tree_tune = (_load(f"tree_graph_device{part}_h100.json")
                                       for part in ("", "_identity", "_tune", "_tune_trees"))
     records = run["records"]
@@ -430,7 +431,7 @@ def device_loop_table() -> str:
 
 def device_attention_table() -> str:
     """The device loops with the target's attention on SDPA and on notebook 08's Triton kernel, side by side in one run
-    (tools/tree_graph_bench --part device-board --attention both), the loops interleaved prompt by prompt: tokens per
+    (tree_graph_bench --part device-board --attention both), the loops interleaved prompt by prompt: tokens per
     second (median of the repeats), tau, the GPU time of a round and tau per GPU ms, and speedups over `ar` on each
     attention (the repeats' median with min-max; the bootstrap interval over prompts, repeats pooled)."""
     run = _load("tree_graph_device_attention_h100.json")
@@ -470,10 +471,10 @@ CPU_DEVICE_BOARDS = (("tree_graph_device_cpu_avx512.json", "greedy, op by op"),
 
 
 def device_loop_cpu_table() -> str:
-    """The device loops on the CPU (tools/tree_graph_bench --device cpu --part device-board): each committed board's
+    """The device loops on the CPU (tree_graph_bench --device cpu --part device-board): each committed board's
     loops beside the course's engine measured in the same run, over the engine's `ar` (bootstrap over prompts, the
     word from the interval) and over the device loop's `ar`."""
-    from .. import report
+    from specdec_utils import report
     rows = ["| board | loop | gamma or tree | tok/s | tau | over the engine's `ar` | over the device `ar` |",
             "|---|---|---|---|---|---|---|"]
     heads = []
@@ -501,10 +502,10 @@ def device_loop_cpu_table() -> str:
 
 
 def eagle_tau_table() -> str:
-    """EAGLE heads' tau by decoding the held-out prompts (tools/eagle_tau), chains and trees: the shipped head's run,
+    """EAGLE heads' tau by decoding the held-out prompts (eagle_tau), chains and trees: the shipped head's run,
     then the earlier run of the head shipped before it and of a copy trained further on an H200 (its stages in
     data/bench/eagle_stages_h200.json), with the highest tau of each head with its interval."""
-    from ..core.eagle import replaced_head
+
     from . import eagle_tau
     stages = _load("eagle_stages_h200.json")
     earlier = f"earlier head (shipped until {replaced_head()[0]['until']})"
@@ -517,12 +518,12 @@ def eagle_tau_table() -> str:
     for decoded, label in runs:
         shapes = {s["name"]: s for s in decoded["shapes"]}
         where = f"{decoded['device'].split(',')[0]}, {decoded['date']}"
-        for r in eagle_tau.summarize(decoded):
+        for r in measure.decoded_taus(decoded):
             steps = decoded["heads"][r["head"]]["trained_steps"]
             lines.append(f"| {label.get(r['head'], r['head'])} | {steps:,} | "
-                         f"{eagle_tau.describe(shapes[r['shape']])} | {r['tau']:.2f} | {r['tau_round']:.2f} | "
+                         f"{measure.describe_shape(shapes[r['shape']])} | {r['tau']:.2f} | {r['tau_round']:.2f} | "
                          f"{r['same_as_ar']}/{r['prompts']} | {where} |")
-        best += [f"{label.get(b['head'], b['head']).split(' (')[0]} {eagle_tau.describe(shapes[b['shape']])}: "
+        best += [f"{label.get(b['head'], b['head']).split(' (')[0]} {measure.describe_shape(shapes[b['shape']])}: "
                  f"{b['tau_round'].value:.2f} ({b['tau_round'].low:.2f}-{b['tau_round'].high:.2f})"
                  for b in eagle_tau.best_per_head(decoded)]
     decoded = runs[0][0]
@@ -580,7 +581,7 @@ def rewrite(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_utils.tools.readme_tables",
+    parser = argparse.ArgumentParser(prog="python -m specdec_lab.readme_tables",
                                      description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the pages' result blocks")
@@ -600,7 +601,7 @@ def main(argv=None) -> int:
                      if m.group(0) != n.group(0)]
             if stale:
                 print(f"{where}'s result blocks differ from the committed JSON: {', '.join(stale)} "
-                      f"(run python -m specdec_utils.tools.readme_tables --write)", file=sys.stderr)
+                      f"(run python -m specdec_lab.readme_tables --write)", file=sys.stderr)
                 status = 1
             else:
                 print(f"{where}'s {len(BLOCK.findall(text))} result blocks match the committed JSON")

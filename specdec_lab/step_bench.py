@@ -1,6 +1,6 @@
 """How fast can one decode step of the target be? The course's graphed step against leaner ones (GPU only).
 
-    python -m specdec_utils.tools.step_bench --out data/bench/step_gpu_h100.json
+    python -m specdec_lab.step_bench --out data/bench/step_gpu_h100.json
 
 One target step (1 token; 5 tokens: a gamma-4 verification) at a few cache lengths, four ways:
 
@@ -27,9 +27,10 @@ import sys
 import torch
 import transformers
 
-from ..core.runner import ModelRunner, attention_backends
-from ..models import load_model
-from ..utils import REPO_ROOT, command_line
+from specdec_utils.core.runner import ModelRunner, attention_backends
+from specdec_utils.models import load_model
+from specdec_utils.utils import REPO_ROOT, command_line
+
 from .write_corpus import WINDOW, StaticDecoder
 
 
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     res = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "transformers": transformers.__version__, "iters": args.iters,
            "repeats": args.repeats, "weight_bytes": weights, "copy_bandwidth_bytes_per_s": bandwidth,
-           "floor_ms": weights / bandwidth * 1e3, "command": command_line("specdec_utils.tools.step_bench", argv),
+           "floor_ms": weights / bandwidth * 1e3, "command": command_line("specdec_lab.step_bench", argv),
            "steps": []}
     print(f"weights {weights / 1e6:.0f} MB, copy bandwidth {bandwidth / 1e12:.2f} TB/s: floor "
           f"{res['floor_ms']:.3f} ms", flush=True)

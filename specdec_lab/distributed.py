@@ -1,5 +1,5 @@
 """Data-parallel training across the GPUs of one machine (torch.distributed over NCCL, or gloo on CPUs), for the
-trainers: `torchrun --nproc_per_node 4 -m specdec_utils.tools.train_eagle ...` runs four copies, one per GPU.
+trainers: `torchrun --nproc_per_node 4 -m specdec_lab.train_eagle ...` runs four copies, one per GPU.
 
 Each copy draws the same global sample of `batch_size x world` rows and trains on its own slice (the same per-GPU
 batch as one GPU would use); after each backward pass the gradients are averaged across copies (one all-reduce of

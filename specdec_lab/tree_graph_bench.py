@@ -1,7 +1,7 @@
 """Token trees replayed from CUDA graphs on the GPU: are they lossless, and how fast is every method then? (GPU only)
 
-    python -m specdec_utils.tools.tree_graph_bench --part identity --out data/bench/tree_graph_identity_h100.json
-    python -m specdec_utils.tools.tree_graph_bench --part board --repeats 2 --out data/bench/tree_graph_h100.json
+    python -m specdec_lab.tree_graph_bench --part identity --out data/bench/tree_graph_identity_h100.json
+    python -m specdec_lab.tree_graph_bench --part board --repeats 2 --out data/bench/tree_graph_h100.json
 
 `--part identity` (float32): every tree method (and the chains) with the target on `PlainRunner` (graphed, and
 compiled with `--compile`) against the same method on transformers' eager forward, prompt by prompt: the
@@ -15,9 +15,9 @@ before the first timed prompt: the seconds it took are in the JSON.
 
 The whole round on the device (`core/device_loop.py`, greedy, one CUDA graph per round):
 
-    python -m specdec_utils.tools.tree_graph_bench --part device-identity --prompts 24 --out ...
-    python -m specdec_utils.tools.tree_graph_bench --part device-tune --prompts 24 --out ...
-    python -m specdec_utils.tools.tree_graph_bench --part device-board --gamma-greedy G --gamma-eagle G --out ...
+    python -m specdec_lab.tree_graph_bench --part device-identity --prompts 24 --out ...
+    python -m specdec_lab.tree_graph_bench --part device-tune --prompts 24 --out ...
+    python -m specdec_lab.tree_graph_bench --part device-board --gamma-greedy G --gamma-eagle G --out ...
 
 `device-identity` (float32): `ar`, the draft's chain and the EAGLE head's chain through the compiled device loop
 against transformers' eager `ar`, prompt by prompt. `device-tune` (bfloat16): gamma for each chain, chosen by
@@ -46,16 +46,17 @@ import time
 import torch
 import transformers
 
-from .. import report
-from ..core.device_loop import DeviceLoop, DeviceTreeLoop
-from ..core.eagle import EAGLE_NAME, head_facts, load_eagle
-from ..core.medusa import load_heads
-from ..core.methods import generate
-from ..core.plain_llama import PlainRunner
-from ..core.runner import ModelRunner
-from ..models import load_model, weights_facts
-from ..prompts import build_prompts, eval_subset, format_prompt
-from ..utils import command_line
+from specdec_utils import report
+from specdec_utils.core.device_loop import DeviceLoop, DeviceTreeLoop
+from specdec_utils.core.eagle import EAGLE_NAME, head_facts, load_eagle
+from specdec_utils.core.medusa import load_heads
+from specdec_utils.core.methods import generate
+from specdec_utils.core.plain_llama import PlainRunner
+from specdec_utils.core.runner import ModelRunner
+from specdec_utils.models import load_model, weights_facts
+from specdec_utils.prompts import build_prompts, eval_subset, format_prompt
+from specdec_utils.utils import command_line
+
 from .bench import run_benchmark
 
 TREE_METHODS = ("medusa", "draft-tree", "eagle")
@@ -303,7 +304,7 @@ def _drafter(args, target):
     """`--block`: the block drafter (a folder, or a name under data/models) on `target`, or None."""
     if not args.block:
         return None
-    from ..core.block import load_block
+    from specdec_utils.core.block import load_block
     return load_block(args.block, target)
 
 
@@ -571,7 +572,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.part == "merge":
         merged = merge_boards([p for p in args.inputs.split(",") if p], args.note)
-        merged["merged_by"] = command_line("specdec_utils.tools.tree_graph_bench", argv)
+        merged["merged_by"] = command_line("specdec_lab.tree_graph_bench", argv)
         with open(args.out, "w") as f:
             json.dump(merged, f, separators=(",", ":"))
         print(f"wrote {args.out}: {merged['repeats_completed']} repeats from {len(merged['runs'])} runs")
@@ -595,7 +596,7 @@ def main(argv=None) -> int:
         ap.exit(2, f"tree_graph_bench: --temperature takes a number >= 0, for the parts device-tune and device-board "
                    f"(the others are greedy); got {args.temperature} with --part {args.part}\n")
     if args.attention != "sdpa":
-        from ..core import tree_attention
+        from specdec_utils.core import tree_attention
         if not tree_attention.AVAILABLE:
             ap.exit(2, f"tree_graph_bench: --attention {args.attention} needs Triton: {tree_attention.WHY}\n")
     if args.attention == "both" and args.part == "device-tune":
@@ -614,7 +615,7 @@ def main(argv=None) -> int:
     result.update({"part": args.part, **_versions(args), "compiled": args.compile,
                    "compile_mode": {False: None, True: "steps"}.get(_compile(args), _compile(args)),
                    "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "wall_s": time.perf_counter() - t0,
-                   "command": command_line("specdec_utils.tools.tree_graph_bench", argv)})
+                   "command": command_line("specdec_lab.tree_graph_bench", argv)})
     with open(args.out, "w") as f:
         json.dump(result, f, indent=None if "board" in args.part else 1)
     print(f"wrote {args.out} in {result['wall_s']:.0f} s")

@@ -2,8 +2,8 @@
 figures/diagrams/, and embedded in the lessons' markdown cells as attachments, so that they show in Jupyter and
 Colab without the repository's files.
 
-    python -m specdec_utils.tools.diagrams            # draw every diagram into figures/diagrams/
-    python -m specdec_utils.tools.diagrams --embed    # and (re)embed each in the cell that names it
+    python -m specdec_lab.diagrams            # draw every diagram into figures/diagrams/
+    python -m specdec_lab.diagrams --embed    # and (re)embed each in the cell that names it
 
 A markdown cell shows a diagram with `![what it shows](attachment:<name>.png)`; `--embed` fills that cell's
 attachment from the PNG, so a redrawn diagram reaches the notebook without touching its text."""

@@ -5,8 +5,8 @@ KL), read from the same target forward that supplies the hidden states: no label
 Recipe: AdamW, peak lr 3e-4 after 500 linear warm-up steps, cosine to 1e-5, gradient
 clip 1.0, bf16 autocast on CUDA.
 
-    python -m specdec_utils.tools.train_medusa --device cuda                 # the shipped heads (H100)
-    python -m specdec_utils.tools.train_medusa --device cpu --sequences 32 --new-tokens 32 --steps 20 \
+    python -m specdec_lab.train_medusa --device cuda                 # the shipped heads (H100)
+    python -m specdec_lab.train_medusa --device cpu --sequences 32 --new-tokens 32 --steps 20 \
         --out /tmp/heads                                               # a CPU smoke run
 """
 from __future__ import annotations
@@ -15,77 +15,26 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from ..core.medusa import HEADS_NAME, MedusaHeads, capture_hidden, head_accuracy, heads_loss, load_heads, rank_accuracy
-from ..models import MODELS_DIR
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line, progress, seed_everything
-from .train_draft import batch, frozen_target, greedy_continuations, load_or_write_corpus, lr_schedule
+from specdec_utils.core.medusa import (
+    HEADS_NAME,
+    MedusaHeads,
+    capture_hidden,
+    head_accuracy,
+    heldout_sequences,
+    load_heads,
+    rank_accuracy,
+    train_heads,
+)
+from specdec_utils.models import MODELS_DIR
+from specdec_utils.prompts import build_prompts
+from specdec_utils.training import batch
+from specdec_utils.utils import command_line, seed_everything
 
-
-def lr_at(step: int, steps: int, peak: float = 3e-4, warmup: int = 500, eta_min: float = 1e-5,
-          cosine_steps: int | None = None) -> float:
-    """The heads' learning rate at `step` (`train_draft.lr_schedule`: transformers' warm-up and cosine
-    schedule with a floor): linear warm-up to `peak` over `warmup` steps, then cosine to `eta_min` over
-    the remaining `cosine_steps` (default: the rest of training), then `eta_min`. Notebook 06's schedule
-    bug is `cosine_steps` far too small with `eta_min=0`: the rate is 0 for most of training."""
-    return _schedule(steps, peak, warmup, eta_min, cosine_steps)(step)
-
-
-def _schedule(steps: int, peak: float, warmup: int, eta_min: float, cosine_steps: int | None):
-    cosine_steps = max(1, steps - warmup) if cosine_steps is None else max(1, cosine_steps)
-    return lr_schedule(peak, warmup, warmup + cosine_steps, eta_min)
-
-
-def train_heads(heads: MedusaHeads, batches, steps: int, peak_lr: float = 3e-4, warmup: int = 500,
-                eta_min: float = 1e-5, cosine_steps: int | None = None, clip: float = 1.0,
-                log_every: int = 25, evaluate=None, eval_every: int = 250,
-                time_budget_s: float = float("inf")) -> list[dict]:
-    """AdamW on the heads' residual blocks. `batches()` returns (hidden [B, n, H], target logits
-    [B, n, V], mask [B, n]) for one step; `evaluate(heads)` (optional) returns a dict logged every
-    `eval_every` steps. Returns the log (step, loss, per-head agreement, lr, seconds)."""
-    params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    device = heads.blocks[0].weight.device
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    master = heads.blocks[0].weight.dtype
-    if device.type == "cuda" and master != torch.float32:
-        heads.blocks.float()  # fp32 master weights under bf16 autocast
-    rate = _schedule(steps, peak_lr, warmup, eta_min, cosine_steps)
-    log, start = [], time.time()
-    heads.train()
-    for step in progress(range(steps), desc="training heads"):
-        lr = rate(step)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        hidden, target_logits, mask = batches()
-        with autocast:
-            loss, agree = heads_loss(heads, hidden, target_logits, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
-        heads.trained_steps += 1
-        last = step == steps - 1 or time.time() - start > time_budget_s
-        if step % log_every == 0 or last:
-            entry = {"step": step, "loss": loss.item(), "agreement": agree, "lr": lr,
-                     "seconds": round(time.time() - start, 2)}
-            if evaluate is not None and (step % eval_every == 0 or last):
-                heads.eval()
-                with autocast:
-                    entry["heldout"] = evaluate(heads)
-                heads.train()
-            log.append(entry)
-        if last:
-            break
-    heads.eval()
-    if device.type == "cuda":
-        heads.blocks.to(master)
-    return log
+from .train_draft import frozen_target, load_or_write_corpus
 
 
 def target_batches(target, corpus: list[dict], batch_size: int, max_len: int, seed: int = 0):
@@ -100,16 +49,6 @@ def target_batches(target, corpus: list[dict], batch_size: int, max_len: int, se
             logits = target(input_ids=ids, attention_mask=mask).logits
         return hidden[0], logits, mask
     return batches
-
-
-def heldout_sequences(target, tokenizer, rows: list[dict], new_tokens: int = 64) -> list[tuple[list[int], int]]:
-    """(prompt + the target's greedy continuation, prompt length) for each row."""
-    continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
-    out = []
-    for row, cont in zip(rows, continuations):
-        prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
-        out.append((prompt + cont, len(prompt)))
-    return out
 
 
 def measure_ranks(heads, target, tokenizer, args, dtype) -> None:
@@ -181,7 +120,7 @@ def main(argv=None):
     print("trained:", json.dumps(final), flush=True)
     measure_ranks(heads, target, tokenizer, args, dtype)
     heads.save(args.out)
-    command = command_line("specdec_utils.tools.train_medusa", argv)
+    command = command_line("specdec_lab.train_medusa", argv)
     record = {"name": args.out.name, "command": command, "num_heads": args.num_heads,
               "parameters": sum(p.numel() for p in heads.blocks.parameters()),
               "corpus_sequences": len(corpus), "corpus_tokens": n_tokens,

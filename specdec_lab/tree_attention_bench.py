@@ -1,4 +1,4 @@
-"""The H100 benchmark of notebook 08: `python -m specdec_utils.tools.tree_attention_bench [--out FILE]` (GPU only).
+"""The H100 benchmark of notebook 08: `python -m specdec_lab.tree_attention_bench [--out FILE]` (GPU only).
 
 1. the kernel grid: P in {128, 512, 1024, 2048} x T in {16, 64, 256}, bf16, SmolLM2-135M's heads (9 on 3
    KV heads, head_dim 64): SDPA with the bool mask, SDPA without a mask (the floor), FlexAttention with a
@@ -19,14 +19,14 @@ import time
 import torch
 import transformers
 
-from .. import generate, get_preset, load_model
-from ..core import tree as trees
-from ..core import tree_attention as ta
-from ..core.kv_cache import trim_cache
-from ..core.medusa import load_heads
-from ..core.runner import forward_tree
-from ..prompts import eval_subset, format_prompt
-from ..utils import REPO_ROOT
+from specdec_utils import generate, get_preset, load_model
+from specdec_utils.core import tree as trees
+from specdec_utils.core import tree_attention as ta
+from specdec_utils.core.kv_cache import trim_cache
+from specdec_utils.core.medusa import load_heads
+from specdec_utils.core.runner import forward_tree
+from specdec_utils.prompts import eval_subset, format_prompt
+from specdec_utils.utils import REPO_ROOT
 
 DEVICE = "cuda"  # GPU only: main() refuses without one
 BACKENDS = ("sdpa", "tree_triton", "tree_triton_masked")

@@ -1,25 +1,25 @@
 """Train a block drafter (`core/block.py`, DFlash's recipe) on target-written text, on one GPU or several.
 
 Each step runs the frozen target over a batch of rows the target wrote itself (`write_corpus`), capturing the
-features at the drafter's layers and the target's logits (`train_eagle.target_pass`), then draws `anchors` random
+features at the drafter's layers and the target's logits (`training.target_pass`), then draws `anchors` random
 anchor positions per row. The block anchored at position s reads the context before s (`block.block_mask`: what
 exists at decode time when s is the newest token) and its slot i learns the target's distribution of token s + i
 (the target's logits at position s + i - 1), in the draft vocabulary, weighted 0.8^(i-1): slot i only counts when
 slots 1..i-1 were accepted, the same weighting as the EAGLE trainer's unrolled steps. The objective is KL by
 default, or the acceptance objective (`objectives.py`). One loop trains it and the EAGLE heads
-(`train_eagle.train`: AdamW on float32 master weights, the schedule, the time budget, data-parallel copies under
+(`training.train`: AdamW on float32 master weights, the schedule, the time budget, data-parallel copies under
 torchrun, resumable checkpoints).
 
-    python -m specdec_utils.tools.train_block --corpus corpus.pt --device cuda --steps 6000 \\
+    python -m specdec_lab.train_block --corpus corpus.pt --device cuda --steps 6000 \\
         --out data/models/block-drafter                                          # one GPU
-    torchrun --nproc_per_node 4 -m specdec_utils.tools.train_block --corpus corpus.pt --steps 6000 \\
+    torchrun --nproc_per_node 4 -m specdec_lab.train_block --corpus corpus.pt --steps 6000 \\
         --checkpoint block.state --out data/models/block-drafter                 # four GPUs, resumable sittings
-    python -m specdec_utils.tools.train_block --corpus corpus.pt --device cpu --steps 5 --batch-size 2 \\
+    python -m specdec_lab.train_block --corpus corpus.pt --device cpu --steps 5 --batch-size 2 \\
         --max-len 64 --eval-prompts 4 --vocab-size 256 --out /tmp/block          # a CPU smoke run
 
 After training the drafter is measured on the target's greedy continuations of the held-out prompts: tau per
 drafting round at gamma 3, 5 and block_size - 1, exact for greedy decoding (the block anchored at a round's newest
-token is what that round drafts; `train_eagle.chain_rounds` counts the accepted prefixes).
+token is what that round drafts; `theory.simulate_rounds` counts the engine's rounds over those matches).
 """
 from __future__ import annotations
 
@@ -32,47 +32,15 @@ from pathlib import Path
 
 import torch
 
-from .. import report
-from ..core.block import BlockDrafter, block_mask
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line, seed_everything
-from . import distributed, objectives
+from specdec_utils import objectives, report, theory
+from specdec_utils.core.block import BlockDrafter, block_loss, block_mask
+from specdec_utils.prompts import build_prompts, format_prompt
+from specdec_utils.training import target_pass
+from specdec_utils.utils import command_line, seed_everything
+
+from . import distributed
 from .train_draft import device_name, frozen_target, greedy_continuations, in_float32
-from .train_eagle import acceptance_by_position, by_position, chain_rounds, choose_vocab, target_pass, train
-
-SLOT_WEIGHT = 0.8
-
-
-def block_loss(drafter: BlockDrafter, features, ids, mask, target_logits, recipe: dict):
-    """The block objective on one batch (see the module docstring). `recipe`: "anchors" per row, "objective",
-    "lk_weight" and "seed". The anchors are drawn from the seed and the batch itself, so a run resumed from a
-    checkpoint draws what the run that never stopped drew. Returns (loss, [top-1 agreement per slot])."""
-    B, n = ids.shape
-    b, device = drafter.block_size, ids.device
-    real = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)
-    generator = torch.Generator().manual_seed(recipe.get("seed", 0) * 1_000_003 + int(ids.sum()))
-    scores = torch.rand(B, n, generator=generator).to(device)
-    scores[:, 0], scores[:, n - 1:] = -1.0, -1.0  # an anchor needs context before it and a token after it
-    scores[~real] = -1.0
-    scores[:, :-1][~real[:, 1:]] = -1.0  # (a real one after it)
-    starts = scores.topk(min(recipe.get("anchors", 8), max(n - 2, 1)), dim=1).indices  # [B, A]
-    usable = scores.gather(1, starts) >= 0
-    logits = drafter(drafter.fuse(features), ids.gather(1, starts), starts, block_mask(starts, n))
-    slots = torch.arange(1, b, device=device)
-    predicted = starts[..., None] + slots  # [B, A, b - 1]: the position each slot predicts
-    inside = predicted.clamp(max=n - 1)
-    logits = logits + drafter.markov(ids.gather(1, (inside - 1).flatten(1)).view_as(inside))  # teacher-forced
-    ok = usable[..., None] & (predicted < n) & real.gather(1, inside.flatten(1)).view_as(inside)
-    teacher = target_logits if drafter.vocab_ids is None else target_logits[..., drafter.vocab_ids]
-    teacher = teacher.gather(1, (inside - 1).flatten(1)[..., None].expand(-1, -1, teacher.shape[-1]))
-    p = torch.softmax(teacher.view(*inside.shape, -1).float(), -1)
-    logq = torch.log_softmax(logits.float(), -1)
-    per = objectives.per_position(p, logq, recipe.get("objective", "kl"), recipe.get("lk_weight", 1.0))
-    weight = (SLOT_WEIGHT ** (slots - 1).float()) * ok
-    loss = (per * weight).sum() / weight.sum().clamp_min(1e-9)
-    hits = (logq.argmax(-1) == p.argmax(-1)) & ok
-    agree = [round(float(hits[..., i].sum() / ok[..., i].sum().clamp_min(1)), 4) for i in range(b - 1)]
-    return loss, agree
+from .train_eagle import by_position, choose_vocab, train
 
 
 @torch.no_grad()
@@ -104,9 +72,9 @@ def evaluate(drafter: BlockDrafter, target, tokenizer, rows: list[dict], continu
         matches = block_matches(drafter, target, ids, len(prompt))
         first += int(matches[:-1, 0].sum())
         total += max(len(cont) - 1, 0)
-        positions.append(acceptance_by_position(matches, b - 1))
+        positions.append(theory.position_counts(theory.simulate_rounds(matches, b - 1), b - 1))
         for g in gammas:
-            rounds = chain_rounds(matches, g)
+            rounds = [r.new_tokens for r in theory.simulate_rounds(matches, g)]
             produced[g].append((sum(rounds), len(rounds)))
     out = {"first_token_agreement": first / max(total, 1), "prompts": len(rows), "positions": total,
            f"acceptance_by_position_gamma{b - 1}": by_position(positions)}
@@ -150,18 +118,18 @@ def parse_args(argv=None):
         if getattr(args, arg) < low:
             ap.error(f"--{arg.replace('_', '-')} must be >= {low}, got {getattr(args, arg)}")
     if not args.corpus.exists():
-        ap.error(f"--corpus {args.corpus}: no such file (write it with python -m specdec_utils.tools.write_corpus)")
+        ap.error(f"--corpus {args.corpus}: no such file (write it with python -m specdec_lab.write_corpus)")
     return args
 
 
 def main(argv=None):
     from .write_corpus import load_corpus
     args = parse_args(argv)
-    command = command_line("specdec_utils.tools.train_block", argv)
+    command = command_line("specdec_lab.train_block", argv)
     copy_device = distributed.setup()  # under torchrun: this copy's GPU
     if copy_device is not None:
         args.device = str(copy_device)
-        command = command_line("specdec_utils.tools.train_block", argv, distributed.world_size())
+        command = command_line("specdec_lab.train_block", argv, distributed.world_size())
     seed_everything(args.seed)
     target, tokenizer, _ = frozen_target(args)
     corpus = load_corpus(args.corpus)

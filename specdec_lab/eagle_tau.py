@@ -9,9 +9,9 @@ every configuration on the same prompts. Two counts of tau: new tokens per targe
 included (`report.tau`, the course's benchmarks), and tokens per drafting round, without the prefill's pass and
 its one token (the acceptance length of the EAGLE papers, and of the device loops of notebook 09).
 
-    python -m specdec_utils.tools.eagle_tau --heads shipped=eagle-head,more=/path/to/head \\
+    python -m specdec_lab.eagle_tau --heads shipped=eagle-head,more=/path/to/head \\
         --shapes chain6,tree5x3x10,tree7x10x60 --out data/bench/eagle_tau_cpu_float32.json
-    python -m specdec_utils.tools.eagle_tau --heads shipped=eagle-head --shapes chain2,tree2x2x3 \\
+    python -m specdec_lab.eagle_tau --heads shipped=eagle-head --shapes chain2,tree2x2x3 \\
         --prompts 2 --max-new-tokens 8 --out /tmp/tau.json                     # a smoke run
 
 Shapes: `chainG` (a chain of G drafted tokens), `treeDxWxN` (depth D, each level expanding the W best nodes
@@ -33,12 +33,13 @@ import numpy as np
 import torch
 import transformers
 
-from .. import report
-from ..core.eagle import head_facts, load_eagle
-from ..core.methods import generate
-from ..models import load_model
-from ..prompts import build_prompts, format_prompt
-from ..utils import command_line
+from specdec_utils import report
+from specdec_utils.core.eagle import head_facts, load_eagle
+from specdec_utils.core.methods import generate
+from specdec_utils.measure import decoded_taus
+from specdec_utils.models import load_model
+from specdec_utils.prompts import build_prompts, format_prompt
+from specdec_utils.utils import command_line
 
 METHODS = ("eagle-chain", "eagle")
 CHAIN_MAX = 6  # the best chain is taken among chains of at most this many drafts
@@ -56,13 +57,6 @@ def parse_shape(text: str) -> dict:
         return {"name": text.strip(), "method": "eagle-chain", "gamma": int(m.group(1)), "params": {}}
     depth, width, nodes = (int(v) for v in m.groups()[1:])
     return {"name": text.strip(), "method": "eagle", "gamma": depth, "params": {"width": width, "tree_nodes": nodes}}
-
-
-def describe(shape: dict) -> str:
-    """How a parsed shape reads in a table: "`eagle-chain`, gamma 6" or "`eagle`, tree 7x10x60"."""
-    if shape["method"] == "eagle-chain":
-        return f"`eagle-chain`, gamma {shape['gamma']}"
-    return f"`eagle`, tree {shape['gamma']}x{shape['params']['width']}x{shape['params']['tree_nodes']}"
 
 
 def parse_heads(text: str) -> dict[str, str]:
@@ -102,25 +96,6 @@ def measure(target, tokenizer, heads: dict, shapes: list[dict], rows: list[dict]
     return {"prompts": [r["id"] for r in rows], "categories": [r.get("category") for r in rows], "runs": runs}
 
 
-def records(result: dict, *, per_round: bool = False) -> list[dict]:
-    """The runs as bench-style records (one per prompt and run, `method` = "head/shape"), for `report`. With
-    `per_round`, the prefill's pass and the one token it yields are left out: what remains counts tokens per
-    drafting round (the papers' acceptance length)."""
-    drop = 1 if per_round else 0
-    return [{"method": key, "id": pid, "new_tokens": n - drop, "target_calls": p - drop}
-            for key, run in result["runs"].items() for pid, n, p in zip(result["prompts"], run["new"], run["passes"])]
-
-
-def summarize(result: dict) -> list[dict]:
-    """Per run: head, shape, tau per target pass (the prefill's included, as `report.tau` counts it) and per
-    drafting round, each with its bootstrap interval over prompts, and how many outputs equal `ar`'s."""
-    passes, rounds = records(result), records(result, per_round=True)
-    return [{"head": run["head"], "shape": run["shape"], "tau": report.tau(passes, key),
-             "tau_round": report.tau(rounds, key), "same_as_ar": sum(run["same_as_ar"]),
-             "prompts": len(run["same_as_ar"])}
-            for key, run in result["runs"].items()]
-
-
 def difference(result: dict, a: str, b: str, *, per_round: bool = True, resamples: int = 2000):
     """Run `a`'s tau minus run `b`'s ("head/shape" keys), paired over prompts: each bootstrap resample draws the
     same prompts for both, so the prompts' own difficulty cancels (a `report.Estimate`)."""
@@ -140,7 +115,7 @@ def difference(result: dict, a: str, b: str, *, per_round: bool = True, resample
 def best_per_head(result: dict, measured: list[dict] | None = None) -> list[dict]:
     """Per head and method: the shape with the highest tau per drafting round (chains of at most CHAIN_MAX drafts),
     with its interval."""
-    measured = summarize(result) if measured is None else measured
+    measured = decoded_taus(result) if measured is None else measured
     shapes = {s["name"]: s for s in result["shapes"]}
     out = []
     for head in result["heads"]:
@@ -154,7 +129,7 @@ def best_per_head(result: dict, measured: list[dict] | None = None) -> list[dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_utils.tools.eagle_tau", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec_lab.eagle_tau", description=__doc__.split("\n\n")[0])
     ap.add_argument("--heads", default="shipped=eagle-head", help="LABEL=NAME_OR_PATH, comma-separated")
     ap.add_argument("--shapes", default="chain6,tree5x3x10,tree7x10x60", help="chainG / treeDxWxN, comma-separated")
     ap.add_argument("--prompts", type=int, default=0, help="the first N held-out prompts (0: all 176)")
@@ -188,7 +163,7 @@ def main(argv=None) -> int:
     cpu = report.cpu_info()
     device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
               else f"{cpu['model']}, {cpu['cores']} cores, CPU kind {cpu['kind']}")
-    result.update({"command": command_line("specdec_utils.tools.eagle_tau", argv),
+    result.update({"command": command_line("specdec_lab.eagle_tau", argv),
                    "device": device, "dtype": args.dtype, "split": "eval", "max_new_tokens": args.max_new_tokens,
                    "heads": {label: head_facts(h, where[label]) for label, h in heads.items()},
                    "shapes": shapes, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
