@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specdec_utils.core import methods as engine_methods
+from specdec_utils.core.block import load_block
 from specdec_utils.core.eagle import EAGLE_NAME, head_facts, load_eagle
 from specdec_utils.core.medusa import load_heads
 from specdec_utils.core.runner import ModelRunner
@@ -36,6 +37,7 @@ from specdec_utils.measure import (
     EAGLE_METHODS,
     HF_METHODS,
     NO_DRAFT,
+    Variant,
     method_gamma,
     run_benchmark,
     summary_table,
@@ -157,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eagle", default=EAGLE_NAME,
                         help="the EAGLE head of methods eagle and eagle-chain: a name under data/models or a folder "
                              "(default: %(default)s)")
+    parser.add_argument("--block", default="block-drafter",
+                        help="the block drafter of method block: a name under data/models or a folder "
+                             "(default: %(default)s)")
     parser.add_argument("--tree-nodes", type=_type(_at_least(1), "an integer >= 1"), default=None,
                         help="tree size cap for medusa and draft-tree (default: the method's, 32)")
     parser.add_argument("--prune", choices=["none", "confidence", "path", "entropy"], default=None,
@@ -244,7 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"argument --param: method {method!r} is not in --methods")
             params.setdefault(method, {})[name] = value
         draft = draft_small = None
-        if any(method not in NO_DRAFT for method in args.methods):
+        drafts, methods = {}, list(args.methods)
+        if "block" in methods:  # its own drafter, which reads the target's features: a variant with its own draft
+            try:
+                drafts[args.block] = load_block(args.block, target)
+            except ValueError as err:
+                raise UsageError(f"argument --block: {err}") from None
+            methods = [Variant("block", "block", draft=args.block) if m == "block" else m for m in methods]
+        if any(method not in NO_DRAFT + ("block",) for method in args.methods):
             draft, draft_tokenizer = load(args.draft, "--draft", args.device, dtype)
             check_same_vocabulary(target, tokenizer, draft, draft_tokenizer, args.target, args.draft)
         for method in engine_methods.TREES:
@@ -271,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "--draft-small")
         for method in args.methods:
             if method in engine_methods.METHODS and method != "ar":
-                check_policy(method, args.gamma, params.get(method, {}), draft)
+                check_policy(method, args.gamma, params.get(method, {}), drafts.get(args.block) if method == "block"
+                             else draft)
         if args.cuda_graphs:
             if torch.device(args.device).type != "cuda":
                 raise UsageError(f"argument --cuda-graphs: needs a CUDA GPU; this run is on {args.device}")
@@ -288,15 +301,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.device} {args.dtype} | "
           f"gamma {args.gamma}, temperature {args.temperature}, top-p {args.top_p} | "
           f"{len(rows)} prompts x {args.max_new_tokens} new tokens", flush=True)
-    records = run_benchmark(target, draft, tokenizer, rows, args.methods, args.max_new_tokens, args.gamma,
+    records = run_benchmark(target, draft, tokenizer, rows, methods, args.max_new_tokens, args.gamma,
                             args.temperature, args.top_p, args.seed, args.dtype, args.device, params, draft_small,
-                            heads=heads, eagle=eagle)
+                            drafts=drafts, heads=heads, eagle=eagle)
     if eagle is not None:  # which head the EAGLE rows measured (lessons compare it with the shipped one)
         facts = head_facts(eagle, args.eagle)
         for record in records:
             if record["engine_method"] in EAGLE_METHODS:
                 record["eagle_head"] = facts
-    for model, name, key, uses in ((draft, args.draft, "draft_weights", lambda m: m not in NO_DRAFT),
+    for model, name, key, uses in ((draft, args.draft, "draft_weights", lambda m: m not in NO_DRAFT + ("block",)),
                                    (draft_small, args.draft_small, "draft_small_weights",
                                     lambda m: m in engine_methods.HIERARCHICAL)):
         if model is not None:  # which draft's weights the rows measured (a retrained draft keeps its name)

@@ -382,3 +382,19 @@ def test_draft_step_bench_times_the_head_eager_unless_asked_for_its_graph(monkey
     monkeypatch.setattr(step_costs, "EagleProposer", spy)
     steps = step_costs.step_costs(torch.device("cpu"), torch.float32, context=16, repeats=2, graphed=True)
     assert built == [False] and "eagle-head, graphed" not in steps  # no CUDA here: the eager row alone
+
+
+@pytest.mark.slow
+def test_the_bench_runs_the_block_method_with_the_shipped_drafter(capsys, tmp_path):
+    """`--methods block` runs with the shipped block drafter (`--block`, beside --draft's model for the other
+    methods), gives the target alone's greedy tokens in float32, and records the drafter's weights."""
+    out_file = tmp_path / "block.json"
+    code, _, err = run_main(capsys, ["--methods", "ar,block,draft", "--per-category", "1", "--max-new-tokens", "6",
+                                     "--device", "cpu", "--out", str(out_file)])
+    assert code == 0, err
+    records = json.loads(out_file.read_text())
+    ar = {r["id"]: r["new_token_ids"] for r in records if r["method"] == "ar"}
+    block = [r for r in records if r["method"] == "block"]
+    assert block and all(r["new_token_ids"] == ar[r["id"]] for r in block)
+    assert {r["draft_weights"]["from"] for r in block} == {"block-drafter"}
+    assert {r["draft_weights"]["from"] for r in records if r["method"] == "draft"} == {"draft-m"}
