@@ -9,10 +9,11 @@ copy (rank 0) logs, evaluates and saves. Launched without torchrun, everything h
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from specdec_utils.training import OneProcess
 
 
 def launched() -> bool:
@@ -80,20 +81,16 @@ def barrier() -> None:
 
 
 def save_checkpoint(path, state: dict) -> None:
-    """Write a training state to `path` from the first copy (the others hold the same weights), through a temporary
-    file: a machine taken back mid-write never leaves a half-written checkpoint."""
+    """Write a training state from the first copy (the others hold the same weights), through a temporary file
+    (`training.OneProcess.save_checkpoint`)."""
     if is_main():
-        path = Path(path)
-        torch.save(state, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
+        OneProcess.save_checkpoint(path, state)
 
 
 def load_checkpoint(path, device) -> dict | None:
-    """The training state saved at `path` (tensors on `device`), or None when there is none yet: every copy reads
-    it, so all of them go on from the same step."""
-    if path is None or not Path(path).exists():
-        return None
-    return torch.load(path, map_location=device, weights_only=False)
+    """The training state saved at `path`, or None when there is none yet: every copy reads it, so all of them go
+    on from the same step (`training.OneProcess.load_checkpoint`)."""
+    return OneProcess.load_checkpoint(path, device)
 
 
 def finish() -> None:
