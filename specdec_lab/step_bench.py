@@ -27,6 +27,7 @@ import sys
 import torch
 import transformers
 
+from specdec_utils.core.graphs import record_cuda_graph
 from specdec_utils.core.runner import ModelRunner, attention_backends
 from specdec_utils.models import load_model
 from specdec_utils.utils import REPO_ROOT, command_line
@@ -99,16 +100,10 @@ class PlainStep:
             self.logits = self.forward(self.ids, self.slots, self.window)
 
     def graph(self):
+        """`eager()` replayed from a CUDA graph, recorded on the first call by the package's recorder (3 warm-ups,
+        its own pool); `self.logits` is then the graph's output tensor, overwritten by every replay."""
         if self._graph is None:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    self.eager()
-            torch.cuda.current_stream().wait_stream(stream)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self.eager()
+            self._graph, _ = record_cuda_graph(self.eager, warmups=3)
         self._graph.replay()
 
 

@@ -297,7 +297,7 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
     device = target.device
     if continuations is None:
         continuations = greedy_continuations(target, tokenizer, rows, new_tokens)
-    matches_all, taus, alphas, rounds = [], [], [], []
+    matches_all, alphas, rounds = [], [], []
     for row, cont in zip(progress(rows, desc="evaluating"), continuations):
         prompt = tokenizer(format_prompt(tokenizer, row), add_special_tokens=False).input_ids
         ids = torch.tensor([prompt + cont], device=device)
@@ -307,12 +307,11 @@ def evaluate(draft, target, tokenizer, rows: list[dict], new_tokens: int = 64, g
         matches = (q_logits.argmax(-1) == p_logits.argmax(-1)).tolist()
         matches_all += matches
         blocks = [r.new_tokens for r in theory.simulate_rounds(matches, gamma)]  # the engine's rounds
-        taus += blocks
         rounds.append((sum(blocks), len(blocks)))
         p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
         alphas += torch.minimum(p, q).sum(-1).tolist()
-    tau = report.ratio_interval(rounds)
-    return {"agreement": sum(matches_all) / len(matches_all), "tau": sum(taus) / len(taus),
+    tau = report.ratio_interval(rounds)  # tokens over rounds, pooled over the prompts
+    return {"agreement": sum(matches_all) / len(matches_all), "tau": tau.value,
             "tau_interval": [tau.low, tau.high], "tau_per_prompt": rounds, "alpha_tv": sum(alphas) / len(alphas),
             "gamma": gamma,
             "positions": len(matches_all), "prompts": len(rows), "new_tokens": new_tokens,

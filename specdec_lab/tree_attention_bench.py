@@ -22,6 +22,7 @@ import transformers
 from specdec_utils import generate, get_preset, load_model
 from specdec_utils.core import tree as trees
 from specdec_utils.core import tree_attention as ta
+from specdec_utils.core.graphs import record_cuda_graph
 from specdec_utils.core.kv_cache import trim_cache
 from specdec_utils.core.medusa import load_heads
 from specdec_utils.core.runner import forward_tree
@@ -57,15 +58,10 @@ def random_tree(kind: str, size: int, rng: random.Random) -> list[int]:
 
 def graph_time_us(fn, calls: int = 50, replays: int = 10) -> float:
     """GPU microseconds per call of `fn`: `calls` calls captured in one CUDA graph, replayed `replays` times."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def step():  # what the graph records
         for _ in range(calls):
             fn()
+    graph, _ = record_cuda_graph(step)  # the package's recorder: a warm-up of the whole step, its own pool
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -50,8 +50,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdec_utils.core.graphs import GraphCache
 from specdec_utils.core.plain_llama import PlainLlama
 from specdec_utils.core.runner import attention_backends
+from specdec_utils.core.sampling import draw, warp_logits
 from specdec_utils.models import load_model
 from specdec_utils.prompts import build_prompts, format_prompt
 from specdec_utils.utils import command_line, default_dtype, get_device
@@ -66,23 +68,23 @@ QUESTION_SEEDS = ("", "", "", "How", "What", "Why", "Can you", "Write", "Explain
 
 
 def choose_tokens(logits, temperature, opening, kind: str, top_p: float = TOP_P):
-    """Each row's next token from `logits` [B, V]. kind "greedy": argmax. "sample": rows with
-    `temperature` > 0 sample at it, the others take the argmax. "nucleus": as "sample", but rows with
-    `opening` set sample at T=1 from the top-p nucleus (Holtzman et al. 2020). A draw is
-    argmax(p / E) with E ~ Exp(1) i.i.d. (the exponential race, as gpt-fast's
-    `multinomial_sample_one_no_sync`): no host sync, so a CUDA graph can record it."""
+    """Each row's next token from `logits` [B, V], through the package's sampler (`core.sampling`): rows are warped
+    by `warp_logits` and drawn by `draw` (inverse CDF of one uniform per row, drawn on the device: no host sync,
+    so a CUDA graph can record it). kind "greedy": argmax (`warp_logits`' temperature 0). "sample": rows with
+    `temperature` > 0 sample at it, the others take the argmax. "nucleus": as "sample", but rows with `opening`
+    set sample at T=1 from the top-p nucleus (Holtzman et al. 2020)."""
     greedy = logits.argmax(-1)
     if kind == "greedy":
         return greedy
     temperature = torch.where(opening, 1.0, temperature)
     sample = temperature > 0
-    probs = torch.softmax(logits.float() / torch.where(sample, temperature, 1.0)[:, None], -1)
+    # one temperature per row, where warp_logits takes one for all: divide first, then warp at T=1
+    scaled = logits.float() / torch.where(sample, temperature, 1.0)[:, None]
+    probs = warp_logits(scaled)
     if kind == "nucleus":
-        top, order = probs.sort(-1, descending=True)
-        outside = (top.cumsum(-1) - top >= top_p) & opening[:, None]  # the mass before them reaches top_p
-        probs = probs.scatter(-1, order, top.masked_fill(outside, 0))
-    race = torch.empty_like(probs).exponential_().clamp_min_(1e-10)  # E = 0 would make p / E infinite
-    return torch.where(sample, (probs / race).argmax(-1), greedy)
+        probs = torch.where(opening[:, None], warp_logits(scaled, top_p=top_p), probs)
+    uniforms = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    return torch.where(sample, draw(probs, uniforms), greedy)
 
 
 class StaticDecoder:
@@ -106,8 +108,7 @@ class StaticDecoder:
         self.temperature = torch.zeros(batch, device=self.device)  # 0: greedy
         self.opening_end = torch.zeros(batch, **long)  # tokens at slots below it are sampled openings
         self.slot = torch.zeros(1, **long)  # the slot of the token the next decode step reads
-        self.graphs = {} if graphs and self.device.type == "cuda" else None
-        self.pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
+        self.graphs = GraphCache() if graphs and self.device.type == "cuda" else None  # one pool for all its graphs
 
     def forward(self, ids, slots, window: int):
         """Feed `ids` [batch, T] at cache slots `slots` [T] (a device tensor), writing their keys and
@@ -164,23 +165,17 @@ class StaticDecoder:
         self.slot.add_(1)
 
     def _decode(self, kind: str, window: int, slot: int):
-        """`_step`, on CUDA through a graph recorded once per (sampler, window) and shared by all batches:
-        warmed up on a side stream first (as `core.graphs.record_cuda_graph` does), `self.slot` reset to `slot` (the
-        warm-up advanced it), then captured; the graphs share one memory pool (they never run at once,
-        and keep no output: each step writes into the decoder's own tensors)."""
+        """`_step`, on CUDA through a graph recorded once per (sampler, window) and shared by all batches, by the
+        package's recorder (`GraphCache.record`: one warm-up on a side stream, then the capture, into the cache's one
+        memory pool: the graphs never run at once, and keep no output: each step writes into the decoder's own
+        tensors). The warm-up advanced `self.slot` (the capture ran nothing): it is reset to `slot` before replaying."""
         if self.graphs is None:
             return self._step(kind, window)
         graph = self.graphs.get((kind, window))
         if graph is None:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._step(kind, window)
-            torch.cuda.current_stream().wait_stream(stream)
+            graph, _ = self.graphs.record(lambda: self._step(kind, window))
+            self.graphs[kind, window] = graph
             self.slot.fill_(slot)
-            graph = self.graphs[kind, window] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step(kind, window)
         graph.replay()
 
 

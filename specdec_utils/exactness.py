@@ -88,9 +88,16 @@ def exact_distribution(target, prompt: torch.Tensor, n_tokens: int, sampler: Sam
 
 def sample_outputs(run, trials: int, seed: int = 0) -> Counter:
     """Count the outputs of `run(generator)` (a list of new token ids) over `trials` calls that
-    share one seeded generator."""
+    share one seeded generator. On the CPU the calls run on one thread: a tiny model's operations take
+    microseconds, so more threads only add their start-up cost to each (many cores make it slower, not
+    faster)."""
     generator = torch.Generator().manual_seed(seed)
-    return Counter(tuple(run(generator)) for _ in range(trials))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return Counter(tuple(run(generator)) for _ in range(trials))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _as_mapping(values) -> Mapping:

@@ -481,10 +481,6 @@ def summarize(records: list[dict], baseline: str = "ar", *, methods=None, interv
     return rows
 
 
-def fmt(value: float, digits: int = 2) -> str:
-    return f"{value:.{digits}f}"
-
-
 # --------------------------------------------------------------------------- rendering
 def _in_notebook() -> bool:
     return "ipykernel" in sys.modules

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .core.engine import GenerationResult, forward_uncached, greedy_verify  # noqa: F401 (re-exported)
+from .core.engine import GenerationResult, forward_uncached  # noqa: F401 (re-exported)
 from .core.methods import generate
 
 

@@ -68,18 +68,29 @@ def _forced_dtype() -> torch.dtype | None:
     return DTYPES.get(name)
 
 
+def cpu_has_native_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX, as torch reports it). Without it
+    (AVX2-only servers, most laptops, Colab's CPU runtime) torch emulates bfloat16, and the emulation is slower
+    than float32."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
 def low_precision_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """The 16-bit dtype `device` computes in natively: bfloat16 on a GPU that has it (compute capability 8.0 on,
-    e.g. A100, H100) and on CPUs (the course measures it there, AVX-512 BF16 or not), float16 on an older GPU (a T4,
-    Colab's free GPU, has no native bfloat16: torch would emulate it, slowly). SPECDEC_DTYPE=float16 or bfloat16
-    forces it."""
+    """The 16-bit dtype `device` computes in natively, or float32 where it has none: bfloat16 on a GPU that has it
+    (compute capability 8.0 on, e.g. A100, H100) and on a CPU with native bfloat16 (`cpu_has_native_bfloat16`);
+    float16 on an older GPU (a T4, Colab's free GPU); float32 on a CPU without native bfloat16 (timing emulated
+    bfloat16 there would measure the emulation). SPECDEC_DTYPE=float16 or bfloat16 forces it."""
     forced = _forced_dtype()
     if forced is not None and forced != torch.float32:
         return forced
     device = torch.device(device) if device is not None else get_device()
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
-    return torch.bfloat16
+    if device.type == "cpu":
+        return torch.bfloat16 if cpu_has_native_bfloat16() else torch.float32
+    return torch.float16  # Apple's GPU (mps): float16 is its native half type
 
 
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:

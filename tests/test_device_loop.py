@@ -9,8 +9,9 @@ import torch
 
 from specdec_utils import generate
 from specdec_utils.core import eagle
-from specdec_utils.core.device_loop import DeviceLoop, DeviceTreeLoop, sample_rows
+from specdec_utils.core.device_loop import DeviceLoop, DeviceTreeLoop
 from specdec_utils.core.engine import Sampler
+from specdec_utils.core.sampling import draw
 from specdec_utils.exactness import chi_square_p_value, exact_distribution, sample_outputs
 from specdec_utils.models import tiny_model
 
@@ -738,7 +739,7 @@ def test_planted_bug_the_token_after_a_rejection_drawn_from_p_fails(four_tokens,
 
     def residual_forgotten(self, drafts, q, target):
         n, _ = original(self, drafts, q, target)
-        return n, sample_rows(target.index_select(0, n.view(1)), self.uniforms[2 * self.gamma:])
+        return n, draw(target.index_select(0, n.view(1)), self.uniforms[2 * self.gamma:])
     monkeypatch.setattr(DeviceLoop, "_accept", residual_forgotten)
     loop = sampled_loop(four_tokens, "sampling, gamma 3")
     counts = sample_outputs(lambda g: loop.generate(prompt, 5, generator=g).new_token_ids, 1000)  # (p ~ 1e-45 seen)

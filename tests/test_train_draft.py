@@ -134,6 +134,8 @@ def test_cli_goes_on_training_a_saved_draft(tmp_path):
     log = json.loads((tmp_path / "b" / "draft-s" / "training_log.json").read_text())
     low, high = log["eval"]["tau_interval"]  # bootstrapped over the prompts, in float32 as the lessons measure
     assert 1 <= low <= log["eval"]["tau"] <= high and log["eval"]["dtype"] == "float32"
+    rounds = log["eval"]["tau_per_prompt"]  # (tokens, rounds) per prompt: tau pools them (`report.ratio_interval`)
+    assert log["eval"]["tau"] == sum(t for t, _ in rounds) / sum(n for _, n in rounds)
     assert log["continued_from"]["eval"] == json.loads(
         (tmp_path / "a" / "draft-s" / "training_log.json").read_text())["eval"]
     with pytest.raises(SystemExit, match="is not draft-m's"):

@@ -341,3 +341,39 @@ def test_medusa_schedule_and_training_on_a_tiny_model(tiny):
     assert log[-1]["loss"] < 0.8 * log[0]["loss"] and heads.trained_steps == 30
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])
+
+
+
+def naive_allowed(parents: list[int], committed: int, n_new: int, fed: int) -> torch.Tensor:
+    """Query by query, key by key: a fed committed token sees the committed keys up to its own position; node i sees
+    every committed key and the nodes met walking up from i."""
+    T = len(parents)
+    rows = [("token", committed - n_new + r) for r in range(n_new)] + [("node", i) for i in range(fed, T)]
+    allow = torch.zeros(len(rows), committed + T, dtype=torch.bool)
+    for r, (kind, at) in enumerate(rows):
+        if kind == "token":
+            allow[r, :at + 1] = True
+            continue
+        allow[r, :committed] = True
+        while at >= 0:
+            allow[r, committed + at] = True
+            at = parents[at]
+    return allow
+
+
+@pytest.mark.parametrize("kind", ["random", "chain", "star"])
+def test_tree_allowed_matches_the_mask_written_key_by_key(kind):
+    """`tree_allowed` is the one mask of a tree pass (the runners' forward_tree, the device tree's rows, EAGLE's head
+    steps, the Triton oracle's `mask_from_parents`): bool, or additive in a float dtype."""
+    rng = random.Random(3)
+    for T in (1, 2, 7, 40):
+        parents = random_parents(T, rng, kind)
+        ancestry = trees.tree_mask(parents)
+        for committed, n_new, fed in ((5, 1, 0), (9, 4, 0), (3, 3, 0), (6, 0, 0), (6, 0, T // 2), (1, 0, T - 1),
+                                      (0, 0, 0)):
+            expected = naive_allowed(parents.tolist(), committed, n_new, fed)
+            assert torch.equal(trees.tree_allowed(ancestry, committed, n_new, fed), expected)
+            for dtype in (torch.float32, torch.bfloat16):
+                additive = trees.tree_allowed(ancestry, committed, n_new, fed, dtype)
+                assert additive.dtype == dtype and torch.equal(additive == 0, expected)
+                assert torch.equal(additive != 0, additive == torch.finfo(dtype).min)

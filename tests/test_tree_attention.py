@@ -68,6 +68,19 @@ def test_the_split_prefix_reduction(splits):
     check(3, 64, "chain", 2, 1, torch.float32, seed=7, splits=splits)  # more splits than tiles: empty ones
 
 
+@pytest.mark.parametrize("kind", ["deep", "random"])
+def test_without_tl_gather_the_walk_loads_each_parent(kind, monkeypatch):
+    """A Triton without `tl.gather` (older releases; it decides 08's path on a Colab T4) takes the fallback walk,
+    a load per ancestor step: the same answer. The default follows `HAS_GATHER`."""
+    monkeypatch.setattr(ta, "HAS_GATHER", False)
+    calls = []
+    real = ta._tree_attention_kernel
+    monkeypatch.setattr(ta, "_tree_attention_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: lambda *a, **kw: (calls.append(kw["GATHER"]), real[grid](*a, **kw))[1]})())
+    check(40, 9, kind, 4, 2, torch.float32, seed=3)
+    assert calls and not any(calls)  # the mask-free launch ran without gather (the masked one never walks)
+
+
 def test_the_largest_tree_and_a_256_deep_chain():
     check(256, 5, "chain", 2, 1, torch.float32, seed=1, D=16)
     check(256, 0, "random", 2, 1, torch.float32, seed=2, D=16)

@@ -31,10 +31,13 @@ def test_device_override_and_bad_name(monkeypatch):
 
 
 def test_the_dtype_follows_the_hardware(monkeypatch):
-    """float32 on a CPU (bfloat16 beside it where a notebook measures it), bfloat16 on a GPU of compute capability
-    8.0 on, float16 on an older one (a T4: 7.5), and SPECDEC_DTYPE forces one or fails in one line."""
+    """float32 on a CPU, with bfloat16 beside it only where the CPU computes it natively (AVX-512 BF16 or AMX; an
+    AVX2-only CPU keeps float32 for both), bfloat16 on a GPU of compute capability 8.0 on, float16 on an older one
+    (a T4: 7.5), and SPECDEC_DTYPE forces one or fails in one line."""
     monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
-    assert utils.default_dtype("cpu") == torch.float32 and utils.low_precision_dtype("cpu") == torch.bfloat16
+    for native, low in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(utils, "cpu_has_native_bfloat16", lambda native=native: native)
+        assert utils.default_dtype("cpu") == torch.float32 and utils.low_precision_dtype("cpu") == low, native
     for capability, dtype in (((9, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 5), torch.float16)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert utils.default_dtype("cuda") == utils.low_precision_dtype("cuda") == dtype, capability
@@ -42,9 +45,19 @@ def test_the_dtype_follows_the_hardware(monkeypatch):
     assert utils.default_dtype("cpu") == utils.low_precision_dtype("cuda") == torch.float16
     monkeypatch.setenv("SPECDEC_DTYPE", "float32")  # every model in float32; the comparison dtype still follows
     assert utils.default_dtype("cuda") == torch.float32 and utils.low_precision_dtype("cuda") == torch.float16
+    monkeypatch.setenv("SPECDEC_DTYPE", "bfloat16")  # forced: also on a CPU without native bfloat16
+    assert utils.low_precision_dtype("cpu") == torch.bfloat16
     monkeypatch.setenv("SPECDEC_DTYPE", "fp8")
     with pytest.raises(ValueError, match="allowed: float32, bfloat16, float16"):
         utils.default_dtype("cpu")
+
+
+def test_native_bfloat16_is_what_torch_reports(monkeypatch):
+    """The CPU check reads torch's own flags (AVX-512 BF16, AMX tiles); either one is enough."""
+    for bf16, amx, expected in ((True, False, True), (False, True, True), (False, False, False)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert utils.cpu_has_native_bfloat16() is expected
 
 
 def test_seed_everything_is_reproducible():

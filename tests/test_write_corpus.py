@@ -1,8 +1,10 @@
 """Tests of the fast corpus writer on tiny models: the pure-torch decoder computes the same logits as
-transformers (left padding included) and the same greedy tokens as `generate`, the GPU sampler
-draws from the right distribution, rows whose start contains an evaluation prompt are dropped,
+transformers (left padding included) and the same greedy tokens as `generate`, the sampler draws from
+the right distribution through the package's sampler (`core.sampling`), graphed decoding goes through
+the package's recorder (`core.graphs`), rows whose start contains an evaluation prompt are dropped,
 and the corpus file round-trips (old list-of-dicts corpora included)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,8 @@ import torch
 from specdec_lab import write_corpus
 from specdec_lab.write_corpus import StaticDecoder, TokenCorpus, choose_tokens, load_corpus
 from specdec_utils import training
+from specdec_utils.core import graphs
+from specdec_utils.core.sampling import draw, warp_logits
 from specdec_utils.models import load_model, tiny_model
 from specdec_utils.prompts import build_prompts
 
@@ -71,6 +75,101 @@ def test_sampler_draws_from_softmax_and_keeps_to_the_nucleus():
     assert (mixed[opening] != 3).all()
     torch.testing.assert_close(torch.bincount(mixed[opening], minlength=4) / (rows // 2), nucleus, atol=0.015, rtol=0)
     assert (choose_tokens(logits, torch.ones(rows), no, "greedy") == 0).all()
+
+
+def test_sampled_tokens_are_the_package_samplers_draws():
+    """Every sampled row is `sampling.draw` of its `sampling.warp_logits` row (temperature, or T=1 with top-p for an
+    opening row) at one uniform per row from torch's generator; greedy rows are the argmax. Another sampler (the
+    exponential race this replaced) gives other tokens from the same seed."""
+    rows, vocab = 64, 50
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    temperature = torch.tensor([0.0, 0.7, 1.0, 0.5]).repeat(rows // 4)
+    for kind, opening in (("sample", torch.zeros(rows, dtype=torch.bool)), ("nucleus", torch.arange(rows) % 3 == 0)):
+        torch.manual_seed(1)
+        got = choose_tokens(logits, temperature, opening, kind)
+        torch.manual_seed(1)
+        uniforms = torch.rand(rows, dtype=torch.float64)
+        for row in range(rows):
+            t, top_p = (1.0, write_corpus.TOP_P) if opening[row] else (float(temperature[row]), 1.0)
+            expected = draw(warp_logits(logits[row], t, top_p=top_p)[None], uniforms[row:row + 1])[0] if t else \
+                logits[row].argmax()
+            assert got[row] == expected, (kind, row)
+        assert len(set(got[temperature > 0].tolist())) > 5  # sampled, not one repeated token
+
+
+class _FakeGraph:
+    def __init__(self, step):
+        self.step = step
+
+    def replay(self):
+        self.step()
+
+
+def test_graphed_decoding_records_through_the_package_recorder(monkeypatch):
+    """On CUDA, `_decode` records each (sampler, window) step once through `GraphCache.record` (the package's
+    `record_cuda_graph`, one warm-up, one shared pool) and replays it. Here a fake recorder runs the warm-up and
+    replays eagerly: the tokens are the eager decoder's, the warm-up's advance of the slot undone."""
+    calls = []
+
+    def record(step, pool=None, warmups=1):
+        calls.append((pool, warmups))
+        for _ in range(warmups):
+            step()
+        return _FakeGraph(step), None
+
+    monkeypatch.setattr(graphs, "record_cuda_graph", record)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    model = random_model("tiny-llama", seed=0)
+    eager = StaticDecoder(model, batch=4, max_len=128)
+    graphed = StaticDecoder(model, batch=4, max_len=128)
+    assert eager.graphs is None and graphed.graphs is None  # the CPU: eager
+    graphed.graphs = graphs.GraphCache()
+    expected = [t.clone() for t in eager.generate(STARTS, 60)]
+    for _ in range(2):
+        got = graphed.generate(STARTS, 60)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert set(graphed.graphs) == {("greedy", 64), ("greedy", 128)} and graphed.graphs.captures == 2  # kept
+    assert len(calls) == 2 and calls[0][0] is calls[1][0] is graphed.graphs.pool and calls[0][1] == 1
+    got = graphed.generate(STARTS, 8, temperature=[0.0, 0.7, 0.0], opening=[2, 0, 0])  # row 2 greedy throughout
+    assert set(graphed.graphs) - {("greedy", 64), ("greedy", 128)} == {("nucleus", 64), ("sample", 64)}
+    assert graphed.graphs.captures == 4 and torch.equal(got[0][2], expected[0][2, :19])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphs_recorded_by_the_package_recorder_replay_the_eager_steps_on_a_gpu():
+    """The real recordings (`make test-gpu`): the corpus writer's graphed decoding writes the eager greedy tokens
+    (a greedy row beside sampled ones too), and step_bench's graphed plain step gives the eager logits."""
+    from specdec_lab.step_bench import PlainStep
+    model = random_model("tiny-llama", seed=0, vocab=1024).cuda()  # float32; step_bench feeds ids below 1000
+    eager = StaticDecoder(model, batch=4, max_len=128, graphs=False)
+    graphed = StaticDecoder(model, batch=4, max_len=128)
+    expected = [t.clone() for t in eager.generate(STARTS, 60)]
+    for _ in range(2):  # recorded, then replayed from the cache
+        assert all(torch.equal(a, b) for a, b in zip(graphed.generate(STARTS, 60), expected))
+    assert set(graphed.graphs) == {("greedy", 64), ("greedy", 128)} and graphed.graphs.captures == 2
+    got = graphed.generate(STARTS, 8, temperature=[0.0, 0.7, 0.0], opening=[2, 0, 0])
+    assert torch.equal(got[0][2], expected[0][2, :19]) and graphed.graphs.captures == 4
+    with torch.inference_mode():
+        step = PlainStep(model, cache_len=40, n=5, compiled=False)
+        step.graph()
+        torch.testing.assert_close(step.logits.float(), step.reference, atol=1e-4, rtol=1e-4)
+
+
+def test_the_lab_records_cuda_graphs_only_through_the_package_recorder():
+    """One recorder (`core.graphs.record_cuda_graph`, or a `GraphCache` over it): no lab module captures by hand,
+    and the GPU-only tools that record graphs still import on a machine without CUDA."""
+    import importlib
+    import re
+
+    lab = Path(write_corpus.__file__).parent
+    by_hand = re.compile(r"torch\.cuda\.CUDAGraph\(|torch\.cuda\.graph\(|capture_begin|make_graphed_callables")
+    found = [f"{path.name}:{n}" for path in sorted(lab.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if by_hand.search(line)]
+    assert not found, f"hand-written CUDA graph captures in the lab: {found}"
+    for name in ("step_bench", "tree_attention_bench"):
+        module = importlib.import_module(f"specdec_lab.{name}")
+        assert module.record_cuda_graph is graphs.record_cuda_graph
 
 
 def test_decoder_refuses_other_rotary_embeddings():

@@ -59,11 +59,9 @@ from .kv_cache import move_path
 from .plain_llama import PlainLlama, check_plain_llama, recompile_room
 from .runner import attention_backends
 from .sampling import accept_greedy, accept_sampled, accept_tree_greedy, accept_tree_sampled, draw
+from .tree import tree_allowed
 
 CHUNK = 128  # capacity is rounded up to a multiple of this
-
-
-sample_rows = draw  # one token per row from explicit uniforms: the engine's sampler (`sampling.draw`)
 
 
 def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,7 +280,7 @@ class DeviceLoop:
         step's `_choice` (the argmax, or the warped distribution, drawn from with uniform k)."""
         if not self.sampled:
             return choice, None
-        return sample_rows(choice, self.uniforms[k:k + 1]), choice
+        return draw(choice, self.uniforms[k:k + 1]), choice
 
     def _head_pick(self, logits, k: int):
         """`_pick` for the EAGLE head's draft-vocabulary logits [1, V']: a full-vocabulary token, and q over the
@@ -407,7 +405,7 @@ class DeviceLoop:
             x, tapped = self._prefill(self.target, prompt, 1, self.taps)
             choice = self._choice(self.target.logits(x[:, -1]))  # [1], or the warped distribution [1, V]
         if self.sampled:
-            choice = sample_rows(choice, torch.rand(1, generator=generator, dtype=torch.float64).to(self.device))
+            choice = draw(choice, torch.rand(1, generator=generator, dtype=torch.float64).to(self.device))
         return torch.cat([prompt, choice.view(1)]), tapped
 
     @torch.no_grad()
@@ -680,12 +678,10 @@ class DeviceTreeLoop(DeviceLoop):
         ids = torch.cat([self.tokens.index_select(0, L - 1), nodes])
         positions = torch.cat([L - 1, L - 1 + depth])
         slots = L - 1 + self.node_offsets
-        if self.attention == "triton":  # the block: the root sees itself; node j the root, its ancestors and itself
-            mask = torch.cat([self.causal[:1, :N + 1], torch.cat([self.causal[1:N + 1, :1], anc_sel], 1)])
-        else:
-            mask = (self.cols[None] <= L - 1).expand(N + 1, -1).clone()
-            mask[1:].index_copy_(1, L + self.node_offsets[:N], mask[1:].index_select(1, L + self.node_offsets[:N])
-                                 | anc_sel)
+        # the rows' block [N + 1, N + 1]: the root sees itself; node j the root, its ancestors and itself
+        mask = tree_allowed(anc_sel, 1, 1)
+        if self.attention != "triton":  # over the whole buffer: the prefix before the root, then the block at `slots`
+            mask = (self.cols[None] < L - 1).expand(N + 1, -1).clone().index_copy_(1, slots, mask)
         choice, features = self.steps["verify_tree"](ids, positions, slots, mask)
         # accept: the engine's tree walk (`sampling`), each node verified at its parent's row (the argmax finds the
         # parent among the selected nodes; `held` says every non-root parent was there, read back with the round's

@@ -52,7 +52,7 @@ from .engine import Proposal, draw_chain
 from .graphs import GraphCache
 from .hidden import final_norm
 from .policies import DraftingPolicy
-from .tree import depths, prune_keep, subtree
+from .tree import depths, prune_keep, subtree, tree_allowed
 from .tree_drafting import DraftTreePolicy, _entropy_frac
 
 EAGLE_NAME = "eagle-head"
@@ -568,7 +568,7 @@ class EagleProposer:
                 grown[rows] = grown[parent_entry]
             grown[rows, rows] = True
             ancestors, fed_of = grown, torch.cat([fed_of, frontier])
-            allowed = torch.cat([torch.ones(k, base, dtype=torch.bool, device=device), ancestors[first:]], 1)
+            allowed = tree_allowed(ancestors, base, fed=first)  # the committed entries, its ancestors and itself
             positions = torch.full((k,), m + depth - 1, device=device)
             hs, lg = self.step(inputs, torch.cat(tok)[frontier], positions, allowed, own=True)
             forwards += 1

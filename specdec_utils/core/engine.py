@@ -20,6 +20,17 @@ A round of speculative decoding has four steps, and each is one part here:
 sampler) and Hugging Face (`CandidateGenerator` plus the assisted-decoding loop), the split is the
 same, without batching.
 
+The parts are duck-typed. A policy is a `policies.DraftingPolicy`. A verifier (`verify.Verifier`,
+`verify.TypicalVerifier`) is called as `verifier(proposal, target_logits, sampler, generator)`, the target's logits
+[k + 1, V] (row 0 = the root's), and returns the accepted path and the new tokens. A proposer has
+`propose(tokens, gamma, policy, sampler, generator, index) -> Proposal` (at most `gamma` tokens along any path;
+`index` = tokens generated so far) and `rollback(committed)`, called after each round with the number of committed
+tokens its caches may keep; one that reads the target's hidden state sets `needs_target_hidden = True` (and
+`target_hidden`, where to read it: `hidden.capture_hidden`'s `where`, default "norm"), and after each pass the loop
+calls its `observe_target(h)` with the target's states [n, ...] at every position the pass committed, in order (the
+last row produced the newest token); one that owns `ModelRunner`s lists them in `runners()` (no two models may
+share one cache).
+
 The one rule that keeps caches right: a cache only ever holds committed tokens at the start of a
 round, and each forward feeds a model every token its cache has not seen yet. Each model's cache
 belongs to its `ModelRunner` (allocated once, rolled back by moving a pointer; CUDA graphs on a GPU).
@@ -29,7 +40,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
 
 import torch
 
@@ -212,48 +222,6 @@ class Proposal:
     vocab: int | None = None  # logits per position of the proposing model, once it ran
     detail: dict = field(default_factory=dict)
     parents: torch.Tensor | None = None
-
-
-class Policy(Protocol):
-    """What the loop asks of a drafting policy (`policies.DraftingPolicy` is the base class to extend):
-    `round_gamma()` before a round (the most tokens it may draft, at most its `gamma`); `stop_before(step)`
-    before a drafted token is drawn (it must not read a sampled token) and `stop_after(step)` after; and
-    `observe(stats)` with the round's `RoundStats`. `name` labels results, `reason` is the stop reason its
-    hooks record, `needs_hidden` asks the proposer for the draft's hidden state in each `DraftStep`."""
-    name: str
-    reason: str
-    needs_hidden: bool
-
-    def round_gamma(self) -> int: ...
-
-    def stop_before(self, step: DraftStep) -> bool: ...
-
-    def stop_after(self, step: DraftStep) -> bool: ...
-
-    def observe(self, stats: RoundStats) -> None: ...
-
-
-class VerifierPart(Protocol):
-    """What the loop asks of a verifier (`verify.Verifier` and `verify.TypicalVerifier`): the accepted path
-    and the new tokens of a proposal, from the target's logits [k + 1, V] (row 0 = the root's)."""
-
-    def __call__(self, proposal: Proposal, target_logits: torch.Tensor, sampler: Sampler, generator): ...
-
-
-class Proposer(Protocol):
-    """What the loop asks of a proposer. `propose` returns the round's candidates (at most `gamma`
-    tokens along any path; `index` = tokens generated so far); `rollback(committed)` is called after
-    each round with the number of committed tokens its caches may keep. A proposer that reads the
-    target's hidden state sets `needs_target_hidden = True` (and `target_hidden`, where to read it:
-    `hidden.capture_hidden`'s `where`, default "norm"); after each pass the loop calls `observe_target(h)`
-    with the target's states [n, ...] at every position the pass committed, in order (the last row produced
-    the newest token; the newest token itself has no state yet). A
-    proposer that owns `ModelRunner`s lists them in `runners()` (no two models may share one cache)."""
-
-    def propose(self, tokens: torch.Tensor, gamma: int, policy, sampler: Sampler, generator,
-                index: int) -> Proposal: ...
-
-    def rollback(self, committed: int) -> None: ...
 
 
 class NoDraft:

@@ -1,5 +1,6 @@
 """CUDA graphs: one recorder (`record_cuda_graph`) and one cache of recorded graphs (`GraphCache`), used by every
-part of the package that records steps (`runner.ModelRunner`, `plain_llama.PlainRunner`, `eagle.EagleProposer`).
+part of the package that records steps (`runner.ModelRunner`, `plain_llama.PlainRunner`, `eagle.EagleProposer`);
+the runners keep each recorded step's static inputs, graph and outputs together (`StaticStep`).
 
 A graph fixes every address it touched: when the buffers it read or wrote are replaced (a KV cache that grew), its
 graphs must all be dropped, and with them their memory pool: PyTorch frees a private pool once no graph holds it,
@@ -11,8 +12,6 @@ one pool (their intermediate and output tensors may overlap in memory) and are r
 replay, of the same graph or another, may overwrite what an earlier replay returned.
 """
 from __future__ import annotations
-
-from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -34,29 +33,16 @@ def record_cuda_graph(step, pool=None, warmups: int = 1):
     return graph, outputs
 
 
-class GraphCache(Mapping):
-    """Recorded graphs by key (a read-only mapping: `cache[key]`, `cache.get(key)`, `key in cache`, iteration over
-    the keys), one memory pool for all of them, made on the first `record`. `cache[key] = entry` stores an entry
-    (whatever the caller keeps: the graph, its static inputs and outputs); `invalidate()` drops every entry and the
-    pool together (the buffers they were recorded on are gone) and moves `epoch` on. `captures` counts recordings."""
+class GraphCache(dict):
+    """Recorded graphs by key (a dict: `cache[key] = entry` stores whatever the caller keeps, e.g. a `StaticStep`),
+    and one memory pool for all of them, made on the first `record`. `invalidate()` drops every entry and the pool
+    together (the buffers they were recorded on are gone) and moves `epoch` on. `captures` counts recordings."""
 
     def __init__(self):
-        self._entries: dict = {}
+        super().__init__()
         self.pool = None      # the graphs' memory pool handle (None until the first recording after an invalidate)
         self.captures = 0     # graphs recorded so far
         self.epoch = 0        # invalidations so far
-
-    def __getitem__(self, key):
-        return self._entries[key]
-
-    def __setitem__(self, key, entry) -> None:
-        self._entries[key] = entry
-
-    def __iter__(self) -> Iterator:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def record(self, step, warmups: int = 1):
         """Record `step()` into this cache's pool (`record_cuda_graph`); returns (the graph, its outputs). The caller
@@ -69,6 +55,15 @@ class GraphCache(Mapping):
 
     def invalidate(self) -> None:
         """Drop every graph and the pool they share (a pool whose graphs are all freed takes no new capture)."""
-        self._entries.clear()
+        self.clear()
         self.pool = None
         self.epoch += 1
+
+
+class StaticStep:
+    """A step a graph records: its static inputs (the keyword arguments, as attributes: the tensors every replay reads,
+    filled in before it), then once recorded its graph and outputs (None until then)."""
+
+    def __init__(self, **inputs):
+        vars(self).update(inputs)
+        self.graph = self.outputs = None

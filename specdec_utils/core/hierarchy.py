@@ -34,7 +34,7 @@ from .checks import is_number as _number
 from .checks import require
 from .engine import DraftModelProposer, DraftStep, Proposal
 from .ngram import NgramDraft
-from .policies import DraftingPolicy, refuse_renamed
+from .policies import DraftingPolicy
 from .runner import as_runner
 from .sampling import rejection_sample, sample_token
 from .verify import greedy_verify
@@ -49,12 +49,10 @@ class HierarchyPolicy(DraftingPolicy):
     name = "hierarchical"
     reason = "middle unsure"  # the round stop that shows the loop-back rule at work
     loop_back = True
-    renamed = {"tau1": "theta1", "tau2": "theta2", "tau1_0": "theta1_0", "tau2_0": "theta2_0"}  # the names before
 
     def __init__(self, gamma: int = 10, max_small: int = 4, theta1: float | None = None,
                  theta2: float | None = None, theta1_0: float = 0.0, theta2_0: float = 0.0,
-                 reject_ends_round: bool = True, **renamed):
-        refuse_renamed(type(self).__name__, renamed, self.renamed)
+                 reject_ends_round: bool = True):
         super().__init__(gamma)
         max_gamma = gamma
         require("reject_ends_round", reject_ends_round, isinstance(reject_ends_round, bool), "True or False")

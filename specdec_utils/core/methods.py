@@ -283,10 +283,6 @@ def make_policy(method: str, gamma, params: dict | None, draft=None) -> policies
     policy_class = _registered(method).policy  # its family imported now
     allowed = policy_parameters(method)
     unknown = sorted(set(params) - set(allowed))
-    renamed = getattr(policy_class, "renamed", {})
-    if unknown and unknown[0] in renamed:
-        raise ValueError(f"the parameter {unknown[0]!r} of method {method!r} is now {renamed[unknown[0]]!r} (an "
-                         f"entropy threshold, in nats; tau names tokens per target pass)")
     if unknown:
         raise ValueError(f"unknown parameter {unknown[0]!r} for method {method!r}; allowed: "
                          f"{', '.join(allowed) if allowed else 'none'}")

@@ -29,6 +29,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
+from .graphs import StaticStep
 from .kv_cache import move_path
 from .runner import ModelRunner, attention_backends
 from .static_cache import CHUNK, StaticKVCache
@@ -172,22 +173,14 @@ class PlainLlama:
         return (self.head_logits(post), x, post, *tapped)
 
 
-class _Graph:
-    def __init__(self, budget: int, taps: tuple, device, capacity: int):
-        self.taps = taps
-        self.ints = torch.zeros(3, budget, dtype=torch.long, device=device)   # ids, positions, slots
-        self.mask = torch.zeros(1, budget, capacity, dtype=torch.bool, device=device)
-        self.graph, self.outputs = None, None
-
-
 class PlainRunner(ModelRunner):
     """A `ModelRunner` for a plain Llama (the course's target and drafts) on `PlainLlama`'s forward.
 
     `graphs=True` (CUDA): every pass of at most max(budgets) tokens, chain or tree, hidden states or not,
     is padded to the next budget and replayed from a CUDA graph; `compile=True`: the step goes through
     `torch.compile` first (CUDA only; minutes of compiling, once per budget). `record=False` runs the
-    padded whole-buffer step without recording it (how the CPU tests check its arithmetic). Greedy output
-    equals transformers' forward up to floating-point rounding (float32: the same tokens)."""
+    padded whole-buffer step without recording it (how notebook 09 and the CPU tests check its arithmetic).
+    Greedy output equals transformers' forward up to floating-point rounding (float32: the same tokens)."""
     GRAPH_ATTENTION = None  # its own attention, whatever implementation the transformers model was loaded with
 
     def __init__(self, model, graphs: bool = False, capacity: int = 0, compile: bool = False,
@@ -209,7 +202,6 @@ class PlainRunner(ModelRunner):
         self.taps = self._taps(tuple(taps)) if taps else ()  # layer inputs every graph returns (EAGLE's features)
         self.core: PlainLlama | None = None
         self.pos = 0
-        self._graphs = self.graphs  # the runner's GraphCache: (budget, taps, capacity) -> _Graph, and their pool
         self._step = None
 
     # ------------------------------------------------------------------ state
@@ -280,7 +272,7 @@ class PlainRunner(ModelRunner):
         ids = torch.cat([new, nodes.to(new.device)[fed:]])
         ancestry = tree_mask(parents)  # computed once: the depths and the mask both read it
         positions = torch.cat([torch.arange(L - n_new, L), L - 1 + ancestry.sum(-1)[fed:]])
-        allowed = tree_allowed(L, n_new, parents, fed, torch.device("cpu"), ancestry)
+        allowed = tree_allowed(ancestry, L, n_new, fed)
         return self._run(ids, positions, allowed, ids.shape[0] if num_logits is None else num_logits, hidden)
 
     def prepare(self, prompt_len: int = 8) -> None:
@@ -355,9 +347,11 @@ class PlainRunner(ModelRunner):
     def _replay(self, ids, positions, allowed, budget: int, taps: tuple):
         core, n, pos = self.core, ids.shape[0], self.pos
         key = (budget, taps, core.capacity)
-        graph = self._graphs.get(key)
+        graph = self.graphs.get(key)  # (budget, taps, capacity) -> StaticStep, and their pool
         if graph is None:
-            graph = self._graphs[key] = _Graph(budget, taps, core.device, core.capacity)
+            graph = self.graphs[key] = StaticStep(
+                taps=taps, ints=torch.zeros(3, budget, dtype=torch.long, device=core.device),  # ids, positions, slots
+                mask=torch.zeros(1, budget, core.capacity, dtype=torch.bool, device=core.device))
         ints = torch.zeros(2, budget, dtype=torch.long)
         ints[0, :n] = positions
         ints[1] = torch.arange(pos, pos + budget)  # pad rows write past the real ones (never read)
@@ -378,12 +372,12 @@ class PlainRunner(ModelRunner):
             out = graph.outputs
         return tuple(t[0, :n].clone() for t in out)  # the real rows (the next replay overwrites the outputs)
 
-    def _static(self, graph: _Graph):
+    def _static(self, graph: StaticStep):
         step = self._step or self.core.step
         with attention_backends(self.core.device, self.avoid_cudnn), recompile_room(self._step is not None):
             return step(graph.ints[0:1], graph.ints[1:2], graph.ints[2], graph.mask, graph.taps)
 
-    def _capture(self, graph: _Graph) -> None:
+    def _capture(self, graph: StaticStep) -> None:
         if self.compiled and self._step is None:
             self._step = torch.compile(self.core.step, dynamic=False)
         graph.graph, graph.outputs = self.graphs.record(lambda: self._static(graph), warmups=3 if self.compiled else 1)

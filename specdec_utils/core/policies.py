@@ -144,15 +144,6 @@ class Oracle(DraftingPolicy):
         return step.index >= len(self.reference) or step.token != self.reference[step.index]
 
 
-
-def refuse_renamed(owner: str, given: dict, renamed: dict) -> None:
-    """One clear line for a parameter passed under a name it no longer has (or never had)."""
-    for name in given:
-        if name in renamed:
-            raise ValueError(f"{owner}: the parameter {name!r} is now {renamed[name]!r} (an entropy threshold, "
-                             f"in nats; tau names tokens per target pass)")
-        raise ValueError(f"{owner} got an unknown parameter {name!r}")
-
 # ------------------------------------------------------------------ token level (notebook 04)
 class EntropyStop(DraftingPolicy):
     """SD + self-verify (HSDDW, Syu & Lee 2025; their code, `KVCacheModelEntropyGamma`): the draft
@@ -163,10 +154,8 @@ class EntropyStop(DraftingPolicy):
     (HSDDW call the threshold tau; the course keeps tau for tokens per target pass.)"""
     name = "entropy-stop"
     reason = "entropy"
-    renamed = {"tau": "theta", "tau0": "theta0"}  # the names before: one clear line if used
 
-    def __init__(self, gamma: int = 10, theta: float | None = None, theta0: float = 0.0, **renamed):
-        refuse_renamed(type(self).__name__, renamed, self.renamed)
+    def __init__(self, gamma: int = 10, theta: float | None = None, theta0: float = 0.0):
         require("theta", theta, theta is None or _number(theta, 0), "a number >= 0 (nats) or None (adaptive)")
         require("theta0", theta0, _number(theta0, 0), "a number >= 0 (nats)")
         super().__init__(gamma)

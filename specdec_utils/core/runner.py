@@ -35,10 +35,10 @@ from contextlib import nullcontext
 
 import torch
 
-from .graphs import GraphCache, record_cuda_graph  # noqa: F401 (record_cuda_graph: re-exported, importers use it)
+from .graphs import GraphCache, StaticStep, record_cuda_graph  # noqa: F401 (record_cuda_graph: re-exported, importers use it)
 from .kv_cache import cache_length, gather_cache, trim_cache
 from .static_cache import CHUNK, StaticKVCache, supports_static_cache
-from .tree import check_parents, depths, is_chain, tree_attention_mask
+from .tree import check_parents, is_chain, tree_allowed, tree_mask
 
 MAX_GRAPH_TOKENS = 16  # forwards of more tokens run eagerly (the prefill, long catch-ups)
 CACHES = ("static", "dynamic")
@@ -78,11 +78,10 @@ def forward_tree(model, tokens: torch.Tensor, nodes: torch.Tensor, parents: torc
                          f"with {fed} nodes cached")
     device = tokens.device
     node_ids = nodes.to(device)
-    depth = depths(parents.to(device))
-    positions = torch.cat([torch.arange(L - new.shape[1], L, device=device), L - 1 + depth[fed:]])
+    ancestry = tree_mask(parents.to(device))  # computed once: the depths and the mask both read it
+    positions = torch.cat([torch.arange(L - new.shape[1], L, device=device), L - 1 + ancestry.sum(-1)[fed:]])
     dtype = next(model.parameters()).dtype
-    mask = tree_attention_mask(L, new.shape[1], parents, fed, dtype if dtype.is_floating_point else torch.float32,
-                               device)
+    mask = tree_allowed(ancestry, L, new.shape[1], fed, dtype if dtype.is_floating_point else torch.float32)[None, None]
     n_in = new.shape[1] + len(node_ids) - fed
     num_logits = n_in if num_logits is None else num_logits
     # the Triton backends (notebook 08) read the parents, not the mask: `tree_kwargs` passes them
@@ -123,11 +122,6 @@ def attention_backends(device, avoid_cudnn: bool = True):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-class _Graph:
-    def __init__(self, graph, ids, start, logits):
-        self.graph, self.ids, self.start, self.logits = graph, ids, start, logits
-
-
 class ModelRunner:
     """Owns one model's cache (and its CUDA graphs with `graphs=True`) and runs its forwards.
 
@@ -163,9 +157,9 @@ class ModelRunner:
             if self.GRAPH_ATTENTION is not None and attention not in self.GRAPH_ATTENTION:
                 raise ValueError(f"the graphed step passes a 4D attention mask, which {attention!r} attention cannot "
                                  'take: call model.set_attn_implementation("sdpa") first')
-        self.record = record  # False: run `static_forward` without recording it (how CPU tests check its arithmetic)
+        self.record = record  # False: `static_forward` runs unrecorded (notebook 09 and CPU tests check it so)
         self.cache = None
-        self.graphs = GraphCache()  # key -> _Graph, and their pool: dropped together when the cache's buffers change
+        self.graphs = GraphCache()  # key -> StaticStep, and their pool: dropped together when the buffers change
         self.replays = 0      # forwards served by a graph
         self.forwards = 0     # forwards run (replays included)
 
@@ -296,7 +290,7 @@ class ModelRunner:
         graph.start.fill_(cache.length)
         if graph.graph is not None:
             graph.graph.replay()
-            logits = graph.logits.clone()  # the next replay overwrites the graph's output
+            logits = graph.outputs.clone()  # the next replay overwrites the graph's output
         else:
             logits = static_forward(self.model, cache, graph.ids, graph.start, num_logits)
         cache.advance(n)
@@ -305,19 +299,19 @@ class ModelRunner:
 
     _graph_capacity = -1
 
-    def _record(self, new_ids, num_logits) -> _Graph:
+    def _record(self, new_ids, num_logits) -> StaticStep:
         cache = self.cache
-        ids = new_ids.clone()
-        start = torch.full((), cache.length, dtype=torch.long, device=new_ids.device)
+        recorded = StaticStep(ids=new_ids.clone(),
+                              start=torch.full((), cache.length, dtype=torch.long, device=new_ids.device))
         if not self.record:
-            return _Graph(None, ids, start, None)
+            return recorded
 
         def step():
             with attention_backends(self.device, self.avoid_cudnn):
-                return static_forward(self.model, cache, ids, start, num_logits)
+                return static_forward(self.model, cache, recorded.ids, recorded.start, num_logits)
 
-        graph, logits = self.graphs.record(step)
-        return _Graph(graph, ids, start, logits)
+        recorded.graph, recorded.outputs = self.graphs.record(step)
+        return recorded
 
 
 def static_forward(model, cache: StaticKVCache, ids: torch.Tensor, start: torch.Tensor, num_logits: int):

@@ -4,7 +4,8 @@ A tree of T candidate tokens is a `parents` array: `parents[i] < i` is the index
 parent, -1 for a child of the root (the newest committed token, which no cache holds yet). One target
 forward runs the uncached committed tokens and all T nodes at once: node i sits at position
 L - 1 + depth(i) (L = committed tokens) and attends to the whole committed prefix, its ancestors and
-itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation; `tree_attention_mask`).
+itself, through a 4D attention mask (`tree_mask`, by vectorised ancestor propagation, placed after the prefix by
+`tree_allowed`).
 That forward is `runner.forward_tree`: row 0 of the logits it returns is the root's next-token distribution,
 row 1 + i node i's.
 
@@ -66,31 +67,23 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the masks of a tree pass
-def tree_allowed(committed: int, n_new: int, parents: torch.Tensor, fed: int, device,
-                 ancestry: torch.Tensor | None = None) -> torch.Tensor:
-    """Which keys each query of a tree pass sees: bool [n_new + T - fed, committed + T] for a forward over
-    a sequence of `committed` tokens then the T nodes of `parents`, that feeds the last `n_new` committed
-    tokens and the nodes from `fed` on (what came before is cached). `ancestry`: `tree_mask(parents)`, if
-    the caller has it."""
-    T = len(parents)
-    rows = n_new + T - fed
-    allow = torch.zeros(rows, committed + T, dtype=torch.bool, device=device)
-    # uncached committed tokens: causal over the committed part
+def tree_allowed(ancestry: torch.Tensor, committed: int, n_new: int = 0, fed: int = 0,
+                 dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """The mask of a tree pass: which keys each query sees, bool [n_new + T - fed, committed + T], for a forward over
+    a sequence of `committed` tokens then T nodes whose ancestor matrix is `ancestry` (`tree_mask(parents)` [T, T],
+    on the pass's device) that feeds the last `n_new` committed tokens and the nodes from `fed` on (what came before
+    is cached): causal over the committed tokens, and every node sees the whole committed prefix, its ancestors and
+    itself. A floating `dtype` gives the additive form attention adds to its scores (0 where a query sees a key, the
+    dtype's lowest value elsewhere)."""
+    T, device = ancestry.shape[0], ancestry.device
+    allow = torch.zeros(n_new + T - fed, committed + T, dtype=torch.bool, device=device)
     q_pos = torch.arange(committed - n_new, committed, device=device)
     allow[:n_new, :committed] = torch.arange(committed, device=device)[None] <= q_pos[:, None]
-    # tree nodes: the whole committed prefix, their ancestors and themselves
     allow[n_new:, :committed] = True
-    allow[n_new:, committed:] = (tree_mask(parents.to(device)) if ancestry is None else ancestry.to(device))[fed:]
-    return allow
-
-
-def tree_attention_mask(committed: int, n_new: int, parents: torch.Tensor, fed: int, dtype, device) -> torch.Tensor:
-    """Additive 4D mask [1, 1, n_new + T - fed, committed + T] of `tree_allowed` (0 where a query sees a
-    key, the dtype's lowest value elsewhere)."""
-    allow = tree_allowed(committed, n_new, parents, fed, device)
-    mask = torch.zeros(allow.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allow, torch.finfo(dtype).min)
-    return mask[None, None]
+    allow[n_new:, committed:] = ancestry[fed:]
+    if dtype == torch.bool:
+        return allow
+    return torch.zeros(allow.shape, dtype=dtype, device=device).masked_fill_(~allow, torch.finfo(dtype).min)
 
 
 # --------------------------------------------------------------------------- building trees

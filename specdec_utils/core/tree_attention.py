@@ -31,7 +31,7 @@ import os
 import torch
 
 from ..compat import attn_implementation, register_attention, sdpa_attention
-from .tree import tree_mask
+from .tree import tree_allowed, tree_mask
 
 try:
     import triton
@@ -51,15 +51,15 @@ if AVAILABLE and not torch.cuda.is_available():
 
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# `tl.gather` (Triton 3.2 on) walks a node's ancestors between registers; an older Triton (or one built without it)
+# takes the fallback, a load per step: the same answer, slower on deep trees
+HAS_GATHER = AVAILABLE and hasattr(tl, "gather")
 
 
 # --------------------------------------------------------------------------- the oracle
 def mask_from_parents(parents: torch.Tensor, prefix: int) -> torch.Tensor:
-    """bool [T, prefix + T]: the whole prefix, the node's ancestors and itself."""
-    T = len(parents)
-    mask = torch.ones(T, prefix + T, dtype=torch.bool, device=parents.device)
-    mask[:, prefix:] = tree_mask(parents)
-    return mask
+    """bool [T, prefix + T]: the whole prefix, the node's ancestors and itself (`tree.tree_allowed`)."""
+    return tree_allowed(tree_mask(parents), prefix)
 
 
 def reference(q, k, v, mask, scale=None) -> torch.Tensor:
@@ -291,8 +291,9 @@ def _programs_wanted(device) -> int:
 
 def _launch(q, k, v, mask, parents, scale, use_mask: bool, *, nodes: int | None = None, block_n: int = 64,
             splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-            gather: bool = True, start: torch.Tensor | None = None):
+            gather: bool | None = None, start: torch.Tensor | None = None):
     B, H, T, D, P = _check(q, k, v)  # with `start`: P is only the most the prefix can hold
+    gather = HAS_GATHER if gather is None else gather
     if T > MAX_NODES:
         raise ValueError(f"trees of at most {MAX_NODES} nodes, got {T}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
