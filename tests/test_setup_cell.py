@@ -4,6 +4,7 @@ what this Python lacks or has below the course's minimum and stops with one line
 The cell runs here in the repository, in an empty folder (one line saying what to do), with a bad URL, and from the
 archive; `setup_env`'s rules run on made-up installs. `test_colab_like_environment_runs_a_lesson` builds an
 environment unlike the course's pins and runs a lesson in it from the archive."""
+import ast
 import json
 import os
 import runpy
@@ -43,7 +44,16 @@ def run_cell(monkeypatch, cwd: Path) -> dict:
 def test_every_notebook_has_the_same_setup_cell():
     cells = {path.name: first_code_cell(path) for path in NOTEBOOKS + LAB_NOTEBOOKS}
     assert len(cells) >= 20 and len(set(cells.values())) == 1, sorted(cells)
-    assert 'os.environ.get("SPECDEC_COURSE_URL", "")' in next(iter(cells.values()))
+    cell = next(iter(cells.values()))
+    assert 'os.environ.get("SPECDEC_COURSE_URL", "")' in cell
+    assert isinstance(ast.parse(cell).body[-1], ast.Assign)  # a last expression would print the course's path
+
+
+def test_the_setup_cell_prints_nothing_in_the_committed_lessons():
+    """Its output would show the machine's own path (and differ on every clone, so nbval would fail)."""
+    for path in NOTEBOOKS:
+        cell = next(cell for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code")
+        assert cell["outputs"] == [], path.name
 
 
 @pytest.mark.parametrize("folder", ["notebooks", "notebooks/lab"])
