@@ -64,9 +64,14 @@ def plan(wanted: list[tuple[str, str]], version_of=installed_version) -> list[st
     return todo
 
 
+def normalized(name: str) -> str:
+    """A distribution's name as pip compares it (PEP 503): 'Scikit_Learn' -> 'scikit-learn'."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def versions() -> dict[str, str]:
     """Every installed distribution's version, by normalized name."""
-    return {re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower(): dist.version
+    return {normalized(dist.metadata["Name"]): dist.version
             for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
 
 
@@ -76,12 +81,8 @@ def imported_already(before: dict[str, str], after: dict[str, str], modules=None
     modules = sys.modules if modules is None else modules
     owners = importlib.metadata.packages_distributions()  # top-level module -> distribution names
     changed = {name for name, version in after.items() if before.get(name) != version}
-    stale = set()
-    for module, dists in owners.items():
-        for dist in dists:
-            if re.sub(r"[-_.]+", "-", dist).lower() in changed and module in modules:
-                stale.add(re.sub(r"[-_.]+", "-", dist).lower())
-    return sorted(stale)
+    return sorted({normalized(dist) for module, dists in owners.items() if module in modules
+                   for dist in dists if normalized(dist) in changed})
 
 
 def pip(*args: str) -> None:
@@ -97,10 +98,7 @@ def prepare(course: Path | str) -> Path:
     where there is no CUDA GPU. Returns the course folder."""
     course = Path(course).resolve()
     todo = plan(requirements(course))
-    if installed_version(TARGET_WHEEL[0]) is None:
-        todo_target = f"{TARGET_WHEEL[0]}=={TARGET_WHEEL[1]}"
-    else:
-        todo_target = None
+    todo_target = None if installed_version(TARGET_WHEEL[0]) else f"{TARGET_WHEEL[0]}=={TARGET_WHEEL[1]}"
     if todo:
         print(f"setup: installing {', '.join(todo)}")
         before = versions()
