@@ -180,3 +180,11 @@ def test_no_internal_words(path):
         text = "\n".join("".join(c["source"]) for c in load(path)["cells"])
     found = sorted(set(m.group(0) for m in INTERNAL.finditer(text)))
     assert not found, f"{path.name} uses words a learner cannot look up: {found}"
+
+
+@pytest.mark.parametrize("path", [*NOTEBOOKS, *sorted((ROOT / "notebooks" / "lab").glob("*.ipynb"))],
+                         ids=lambda p: p.name)
+def test_test_plumbing_is_invisible(path):
+    """nbval's markers live in the cells' metadata tags (`nbval-ignore-output`), not in what a learner reads."""
+    found = [i for i, c in enumerate(load(path)["cells"]) if "NBVAL" in "".join(c["source"])]
+    assert not found, f"{path.name}: cells {found} show nbval's markers; put them in the cell's tags instead"

@@ -6,13 +6,15 @@ tokens, the same number of target passes, the same accepted drafts per round, ac
 budgets that end mid-round, and an EOS that falls inside a round. A draft that agrees often and one that
 rarely does exercise both long accepted prefixes and immediate rejections.
 """
+import json
+
 import pytest
 import torch
 
 from specdec_utils.core.kv_cache import cache_length, trim_cache
 from specdec_utils.speculative import autoregressive_generate, forward_uncached, speculative_generate
 
-from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
+from conftest import NOTEBOOKS, noisy_copy, random_model, random_prompt, teaching_namespace
 
 NOTEBOOK = "01_greedy_speculative_decoding.ipynb"
 
@@ -95,3 +97,15 @@ def test_greedy_round_rolls_both_caches_back(notebook, models):
             fresh = target(input_ids=committed).logits[0, -1]
             cached, _ = forward_uncached(target, committed, target_cache)
         torch.testing.assert_close(cached[-1], fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_reference_board_is_rendered_where_nbval_compares_it():
+    """The lesson's one result table renders the committed CPU reference boards in a cell nbval checks (no
+    ignore tag), from the files alone, so a re-measured board fails CI until the lesson is executed again."""
+    cells = json.loads((NOTEBOOKS / NOTEBOOK).read_text())["cells"]
+    board = [c for c in cells if c["cell_type"] == "code" and "cpu_avx512bf16_bfloat16.json" in "".join(c["source"])]
+    assert len(board) == 1, "one cell renders the reference boards"
+    source = "".join(board[0]["source"])
+    assert "nbval-ignore-output" not in board[0]["metadata"].get("tags", [])
+    assert "cpu_avx512bf16_float32.json" in source
+    assert not any(name in source for name in ("QUICK", "DEVICE", "records[", "step_ms")), "it reads the files only"

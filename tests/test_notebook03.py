@@ -1,16 +1,14 @@
 """Notebook 03's teaching implementations, run straight out of the notebook: the round-level policies must
 choose the same gamma every round and give the same tokens as the package's policies
-(`specdec_utils.core.policies`), greedy and sampled, and greedy output must equal the target's; the short decode
-loop (`decode_loop`) must give the same tokens and rounds as the package's `engine.decode` for every kind of
-round the notebook runs (plain decoding, fixed and adaptive gamma, the oracle; greedy and sampled)."""
+(`specdec_utils.core.policies`), greedy and sampled, and greedy output must equal the target's; the short greedy
+decode loop (`decode_loop`, self-contained) must give the same tokens and rounds as the package's `engine.decode`
+for every kind of round the notebook runs (plain decoding, fixed and adaptive gamma, the oracle)."""
 import pytest
 import torch
 
 from specdec_utils import generate
 from specdec_utils.core import engine, policies
 from specdec_utils.core.policies import DraftingPolicy
-from specdec_utils.core.runner import ModelRunner
-from specdec_utils.core.verify import Verifier
 
 from conftest import noisy_copy, random_model, random_prompt, teaching_namespace
 
@@ -21,8 +19,13 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 @pytest.fixture(scope="module")
 def notebook():
+    from dataclasses import dataclass
+
+    from specdec_utils import cache_length, trim_cache
+    from specdec_utils.speculative import forward_uncached
     return teaching_namespace(NOTEBOOK, {"DraftingPolicy": DraftingPolicy, "engine": engine, "torch": torch,
-                                         "ModelRunner": ModelRunner, "Verifier": Verifier}, min_cells=4)
+                                         "dataclass": dataclass, "forward_uncached": forward_uncached,
+                                         "trim_cache": trim_cache, "cache_length": cache_length}, min_cells=5)
 
 
 @pytest.fixture(scope="module")
@@ -69,25 +72,30 @@ def _policy(name, gamma, reference):
             "oracle": lambda: policies.Oracle(reference=reference)}[name]()
 
 
-@pytest.mark.parametrize("name, temperature", [("ar", 0.0), ("fixed", 0.0), ("fixed", 1.0), ("adaptive-hf", 0.0),
-                                               ("adaptive-hf", 1.0), ("adaptive-dual", 1.0), ("oracle", 0.0)])
-def test_notebook_decode_loop_equals_the_engine(notebook, models, name, temperature):
+@pytest.mark.parametrize("name", ["ar", "fixed", "adaptive-hf", "adaptive-dual", "oracle"])
+def test_notebook_decode_loop_equals_the_engine(notebook, models, name):
+    """The notebook's self-contained greedy loop (its own Round and Step records, notebook 01's cache helpers)
+    gives the package engine's tokens and rounds, with an end-of-sequence token inside the budget too."""
     target, drafts = models
-    sampler = engine.Sampler(temperature, 0, 0.9 if temperature else 1.0)
     for draft in drafts.values():
-        for seed, (length, budget, eos) in enumerate([(2, 30, set()), (9, 17, set()), (5, 25, {7, 11})]):
+        for seed, (length, budget, eos) in enumerate([(2, 30, None), (9, 17, None), (5, 25, 7), (5, 25, 11)]):
             input_ids = random_prompt(length, seed)
             reference = generate(target, input_ids, budget, method="ar", eos_token_id=eos).new_token_ids
-            proposer = (lambda: engine.NoDraft()) if name == "ar" else (lambda: engine.DraftModelProposer(draft))
-            package = engine.decode(target, proposer(), _policy(name, 3, reference), input_ids, budget, sampler, eos,
-                                    torch.Generator().manual_seed(seed))
-            tokens, rounds = notebook["decode_loop"](target, proposer(), _policy(name, 3, reference), input_ids, budget,
-                                                     sampler, eos, torch.Generator().manual_seed(seed))
-            assert tokens == package.new_token_ids
-            assert [(r.gamma, r.drafted, r.accepted, r.new_tokens, r.stop) for r in rounds] == \
-                [(r.gamma, r.drafted, r.accepted, r.new_tokens, r.stop) for r in package.rounds]
-            if temperature == 0:
-                assert tokens == reference
+            proposer = engine.NoDraft() if name == "ar" else engine.DraftModelProposer(draft)
+            package = engine.decode(target, proposer, _policy(name, 3, reference), input_ids, budget,
+                                    engine.Sampler(0.0), set() if eos is None else {eos})
+            tokens, rounds = notebook["decode_loop"](target, draft, _policy(name, 3, reference), input_ids, budget, eos)
+            assert tokens == package.new_token_ids == reference
+            assert [(r.gamma, r.drafted, r.accepted, r.new_tokens) for r in rounds] == \
+                [(r.gamma, r.drafted, r.accepted, r.new_tokens) for r in package.rounds]
+
+
+def test_notebook_step_entropy_is_the_engines(notebook):
+    """The notebook's Step.entropy is the engine's DraftStep.entropy (the dual-signal rule reads it)."""
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    ours = notebook["Step"](0, 0, int(logits.argmax()), logits)
+    package = engine.DraftStep(0, 0, logits, int(logits.argmax()), None)
+    assert ours.entropy == package.entropy
 
 
 @pytest.mark.slow
@@ -101,7 +109,6 @@ def test_notebook_decode_loop_on_the_real_target(notebook):
                                      (policies.HeuristicGamma(4), "adaptive-hf", {"params": {"start": 4}})]:
         package = generate(target, input_ids, 24, method=method, draft=draft, eos_token_id=tokenizer.eos_token_id,
                            **settings)
-        tokens, rounds = notebook["decode_loop"](target, engine.DraftModelProposer(draft), policy, input_ids, 24,
-                                                 engine.Sampler(0.0), {tokenizer.eos_token_id})
+        tokens, rounds = notebook["decode_loop"](target, draft, policy, input_ids, 24, tokenizer.eos_token_id)
         assert tokens == package.new_token_ids
         assert [(r.drafted, r.accepted) for r in rounds] == [(r.drafted, r.accepted) for r in package.rounds]

@@ -1,6 +1,8 @@
-"""Notebook 11's teaching implementation, run straight out of the notebook: the block drafter's pass written there
-must compute the package's logits and draft the package's tokens (`BlockProposer`), over several block sizes, prompt
-lengths, full and reduced vocabularies, with and without a Markov head; and a planted mask bug in it is caught."""
+"""Notebook 11's teaching implementation, run straight out of the notebook: its draft layer (the context's keys and
+values through the layer's own projections) must compute the package's `_BlockLayer`, and the block drafter's pass
+written there must compute the package's logits and draft the package's tokens (`BlockProposer`), over several block
+sizes, prompt lengths, full and reduced vocabularies, with and without a Markov head; and a planted mask bug in it is
+caught."""
 import json
 
 import pytest
@@ -66,6 +68,28 @@ def test_teaching_block_pass_equals_the_package(notebook, block_size, options, l
             drafter.markov_out.weight.copy_(saved)
 
 
+@pytest.mark.parametrize("block_size,length", [(4, 1), (8, 9), (5, 23)])
+def test_teaching_layer_equals_the_package_layer(notebook, block_size, length):
+    """The layer alone: random slots and context, a random mask (some keys hidden, as in training)."""
+    target = random_model("tiny-llama", seed=3)
+    drafter = nudged_drafter(target, 11, block_size=block_size, layers=2)
+    g = torch.Generator().manual_seed(block_size * 100 + length)
+    x = torch.randn(2, block_size, drafter.hidden_size, generator=g)
+    context = torch.randn(2, length, drafter.hidden_size, generator=g)
+    mask = torch.rand(2, block_size, length + block_size, generator=g) < 0.7
+    mask[..., length:] = True  # every slot keeps at least its block
+    rope_block = drafter._rope(length + torch.arange(block_size).expand(2, block_size))
+    rope_context = drafter._rope(torch.arange(length).expand(2, length))
+    with torch.no_grad():
+        for layer in drafter.layers:
+            mine = notebook["block_layer"](layer, x, context, rope_block, rope_context, mask)
+            theirs = layer(x, context, rope_block, rope_context, mask)
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+            # the context matters: other features, other output
+            other = notebook["block_layer"](layer, x, context + 1, rope_block, rope_context, mask)
+            assert not torch.allclose(mine, other, atol=1e-4)
+
+
 MASK_LINE = "mask = torch.ones(1, b, m + b, dtype=torch.bool, device=context.device)"
 
 
@@ -76,7 +100,7 @@ def test_a_causal_block_mask_is_caught(notebook):
     source = next("".join(c["source"]) for c in cells if "def draft_block" in "".join(c["source"]))
     assert MASK_LINE in source
     planted = source.replace(MASK_LINE, MASK_LINE + "; mask[0, :, m:] = torch.ones(b, b, dtype=torch.bool).tril()")
-    buggy = {"torch": torch}
+    buggy = teaching_namespace(NOTEBOOK, {"torch": torch})  # block_layer and the rest, then the planted pass
     exec(compile(planted, NOTEBOOK, "exec"), buggy)
     target = random_model("tiny-llama", seed=3)
     drafter = nudged_drafter(target, 7, block_size=6)
@@ -87,3 +111,23 @@ def test_a_causal_block_mask_is_caught(notebook):
         good = notebook["draft_block"](drafter, context, ids[0, -1], m)
         bad = buggy["draft_block"](drafter, context, ids[0, -1], m)
     assert not torch.allclose(good, bad, atol=1e-3)
+
+
+def test_exercise_4_cached_context_equals_the_teaching_layer(notebook):
+    """The solution's split (the context's keys and values once, the block per round) computes the notebook's layer."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ch11", NOTEBOOKS / "solutions" / "ch11.py")
+    ch11 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ch11)
+    target = random_model("tiny-llama", seed=3)
+    drafter = nudged_drafter(target, 5, block_size=6, layers=2)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 6, drafter.hidden_size, generator=g)
+    context = torch.randn(1, 9, drafter.hidden_size, generator=g)
+    rope_block, rope_context = drafter._rope(9 + torch.arange(6)[None]), drafter._rope(torch.arange(9)[None])
+    mask = torch.ones(1, 6, 15, dtype=torch.bool)
+    with torch.no_grad():
+        for layer in drafter.layers:
+            cached = ch11.block_layer_cached(layer, x, ch11.context_kv(layer, context, rope_context), rope_block, mask)
+            plain = notebook["block_layer"](layer, x, context, rope_block, rope_context, mask)
+            torch.testing.assert_close(cached, plain)

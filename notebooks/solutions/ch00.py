@@ -2,7 +2,7 @@
 
 The numbers these exercises ask for depend on the machine, so the code computes them; each function's
 docstring says the answer in words and what to look at. Run them in notebook 00 after its section 2, e.g.
-`best_gamma_measured(0.7, 0.08, NEW_TOKENS, latency_ms[torch.float32])`.
+`best_gamma_measured(0.7, 0.08, NEW_TOKENS, latency_ms[LOW])`.
 """
 from __future__ import annotations
 
@@ -150,9 +150,10 @@ def compiled_step_ms(model, input_ids, steps: int = 32, max_cache_len: int = 256
 
     Answer: yes, on a GPU the static cache pays off once the step is compiled: fixed shapes and addresses
     let CUDA graphs replay the whole step without Python or kernel-launch overhead, and a small model's
-    eager step is mostly that overhead. The course's own H100 measurement (notebook 00's last table,
-    `data/bench/engine_gpu_h100.json`) shows the target step several times faster captured in a CUDA graph
-    than eager. On a CPU there are no kernel launches to save, and section 5 of notebook 00 found no gain."""
+    eager step is mostly that overhead. The course's own H100 measurement (the last table of notebook 00's lab
+    page, `data/bench/engine_gpu_h100.json`) shows the target step several times faster captured in a CUDA graph
+    than eager. On a CPU there are no kernel launches to save; the lab page times the static cache there in eager
+    mode."""
     from transformers import StaticCache
     if not torch.cuda.is_available():
         raise RuntimeError("exercise 6 needs a GPU (SPECDEC_PRESET=colab-gpu)")

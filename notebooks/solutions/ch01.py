@@ -16,22 +16,24 @@ from specdec_utils.theory import expected_accepted_length
 
 # Exercise 1 ------------------------------------------------------------------------------------
 def refined_speedup(alpha: float, gamma: int, t_target: float, t_draft: float, t_verify: dict) -> float:
-    """Section 5's refined prediction: E[tokens per round] T(1) / (gamma T_draft + T(gamma + 1))."""
+    """Section 6's refined prediction: E[tokens per round] T(1) / (gamma T_draft + T(gamma + 1))."""
     return float(expected_accepted_length(alpha, gamma)) * t_target / (gamma * t_draft + t_verify[gamma + 1])
 
 
 def best_draft(drafts: dict, t_target: float, t_verify: dict, gammas=range(1, 9)) -> dict:
     """For each draft {name: (alpha, t_draft)}: its best gamma and refined predicted speedup; plus 'winner'.
+    `t_verify` maps k to T(k) for k = 1 .. 9: the notebook measures k = 1 and gamma + 1, so time the others with
+    its `forward_ms(models[dtype][TARGET], k)`.
 
     Answer: the draft with the larger refined prediction should win, and neither alpha nor c decides alone:
     `draft-s` costs a bit over half as much per step; on the notebook's few prompts it can reach the same
-    alpha and tau as `draft-m` (section 4), and then it wins at every gamma by its lower c; the trade-off
+    alpha and tau as `draft-m` (section 5), and then it wins at every gamma by its lower c; the trade-off
     appears where `draft-m` is accepted more often (the training logs' evaluation on all held-out prompts
     gives `draft-m` the higher tau). Because a round's
     verification pass costs the same for both drafts, the cheaper draft gains most at large gamma, where
     draft steps are a large part of the round; the better draft gains most at small gamma, where acceptance
-    decides. Run the notebook's sweep with `DRAFT = "draft-s"`: if the two measured curves overlap within
-    their intervals, the honest answer is a tie. The formula's ranking agrees with the measurement only
+    decides. Run section 6 with `DRAFT = "draft-s"` (the lab page's sweep covers every gamma): if the two
+    measured intervals overlap, the honest answer is a tie. The formula's ranking agrees with the measurement only
     where the verification pass costs about one target step (bfloat16 with bfloat16 instructions)."""
     result = {}
     for name, (alpha, t_draft) in drafts.items():
@@ -74,9 +76,9 @@ def count_passes(generate_fn, target, draft, input_ids, max_new_tokens: int, gam
 def self_draft(target, input_ids, max_new_tokens: int, gamma: int) -> dict:
     """Speculative decoding with the target as its own draft: tau and the output.
 
-    Answer: every draft is accepted (in float32; in bfloat16 a few near-ties between the 1-row draft pass and
-    the wide verification pass are rejected, section 6), so each round makes gamma + 1 tokens (tau = gamma + 1, less only in a
-    last, shortened round). It is still slower than plain decoding: a round costs gamma full target steps
+    Answer: every draft is accepted (in float32; in a 16-bit dtype a few near-ties between the 1-row draft pass
+    and the wide verification pass are rejected, the sidebar of section 6), so each round makes gamma + 1 tokens
+    (tau = gamma + 1, less only in a last, shortened round). It is still slower than plain decoding: a round costs gamma full target steps
     to draft plus one verification pass over gamma + 1 tokens, to make gamma + 1 tokens, so its time per
     token is `self_draft_slowdown(gamma, T(gamma + 1) / T(1))` >= 1 times plain decoding's. A round has a
     fixed price (the draft steps and the wider pass); speculation pays only when drafting is cheap (small c)."""
@@ -136,7 +138,7 @@ def prompt_lookup_generate(target, input_ids, max_new_tokens: int, gamma: int = 
 # Exercise 5 ------------------------------------------------------------------------------------
 def bf16_flips(target, draft, prompts: list, gamma: int, max_new_tokens: int, eos_token_id=None) -> list:
     """First position where bfloat16 speculative decoding differs from bfloat16 plain decoding, per
-    prompt (None where they agree). Pass the bfloat16 models.
+    prompt (None where they agree). Pass the 16-bit models (bfloat16, or float16 on a GPU without it).
 
     Answer: the count need not grow with gamma. Every verification pass carries at least two rows, so it
     already runs different kernels and another summation order than a one-row decoding step; a flip needs a

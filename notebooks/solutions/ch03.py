@@ -64,14 +64,14 @@ in four rounds, while adaptive-hf's -1 per round takes as many rounds as gamma h
 rounds drafts tokens that are all thrown away. `easy_then_hard(easy, hard)` counts it without a model: compare
 'rounds' on the easy text (try easy = 60 and easy = 300) and 'wasted' on the easy-then-hard text. The price of
 the multiplicative rule is overshooting: when an easy stretch ends inside a round of 16, most of it is wasted, and
-a wide verification pass can cost more than one target step (section 2's measured pass costs; a pass over 17
+a wide verification pass can cost more than one target step (the lab page's measured pass costs; a pass over 17
 tokens was not measured there). Which one is faster on your machine is a measurement: run both through
 `measure.run_benchmark` and compare their speedup intervals (`report.compare`); an overlap is a tie."""
 
 
 # Exercise 2 ------------------------------------------------------------------------------------
 def predicted_speedup(acceptance, gamma: int, t_draft: float, t_verify: dict) -> float:
-    """Section 2's model: E[tokens per round] * T_verify(1) / (gamma T_draft + T_verify(gamma + 1))."""
+    """The cost model of a round: E[tokens per round] * T(1) / (gamma t_draft + T(gamma + 1))."""
     return expected_tokens_per_round(acceptance, gamma) * t_verify[1] / (gamma * t_draft + t_verify[gamma + 1])
 
 
@@ -82,8 +82,8 @@ def best_fixed_gamma(acceptance, t_draft: float, t_verify: dict) -> int:
 
 
 ANSWER_2 = """\
-Compare `best_fixed_gamma(position_acceptance['greedy'], *cost_ms[dtype])` and the same with
-`[pooled_alpha('greedy')] * PROFILE_GAMMA` against the measured best gamma of section 2 (and against the gammas tied
+On the lab page, compare `best_fixed_gamma(position_acceptance['greedy'], *cost_ms[dtype])` and the same with
+`[pooled_alpha('greedy')] * PROFILE_GAMMA` against the measured best gamma of its sweep (and against the gammas tied
 with it). With the measured costs the two acceptance models usually pick the same gamma (check it), and both sit
 inside the sweep's tie. Which one is closer in level depends on the run: the profile's a_i come from gamma = 8
 rounds, which mostly start after a rejection, so they can underrate a_1 for short gammas. A formula that prices a
@@ -147,7 +147,7 @@ def category_gain(rounds_by_category: dict, t_draft: float, t_verify: dict, max_
 
 
 ANSWER_4 = """\
-`category_gain` answers it from the profile rounds (tag each round with its prompt's category in section 2's
+`category_gain` answers it from the profile rounds (tag each round with its prompt's category in the lab page's
 `profile_rounds`; the lab's figure by category shows the measured spread): the ratio of predicted time with one shared gamma to the time with each category's own best.
 Look at how far apart the per-category gammas are and how flat the speedup curve is near its top: where the
 categories' best gammas sit on the flat top of one shared curve, knowing the category gains little (a ratio near

@@ -5,7 +5,7 @@
    its fastest result. The model goes wrong because acceptance is not i.i.d.: tokens come in easy and hard stretches,
    so long drafts are fully accepted more often than alpha^gamma says; and a round's costs are not the isolated step
    timings (the verification of k + 1 tokens and the host's work vary with k). The gamma-6 row is also one run on five
-   prompts: its spread (notebook 09 prints its interval) is wide enough to hold the prediction.
+   prompts: its spread (notebook 09's lab page prints its interval) is wide enough to hold the prediction.
 2. Attention over the buffer: at capacity 1024 a graphed step reads about 23.6 MB of K and V over 30 layers, about
    0.79 MB per layer, a quarter of a microsecond at 3.35 TB/s, against about 52 microseconds per attention call in the
    first profile (its attention kernels' GPU time over their calls). Bandwidth is not the bound: with one query token
