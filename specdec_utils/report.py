@@ -157,7 +157,8 @@ class Estimate:
     how: str = ""
 
     def __format__(self, spec: str) -> str:
-        """f"{e:.2f}" -> '1.43 (1.38-1.49)'; f"{e:.2fx}" -> '1.43x (1.38-1.49)'; f"{e:.1f%}" -> '43.0% (...)'."""
+        """f"{e:.2f}" -> '1.43 (1.38-1.49)'; f"{e:.2fx}" -> '1.43x (1.38-1.49)'; f"{e:.1f%}" -> '43.0% (...)';
+        an interval with a negative end reads '-0.12 (-0.17 to -0.07)'."""
         suffix, scale = "", 1.0
         if spec.endswith("x"):
             spec, suffix = spec[:-1], "x"
@@ -165,7 +166,8 @@ class Estimate:
             spec, suffix, scale = spec[:-1], "%", 100.0
         spec = spec or ".2f"
         v, lo, hi = (format(t * scale, spec) for t in (self.value, self.low, self.high))
-        return f"{v}{suffix} ({lo}-{hi})"
+        dash = " to " if self.low < 0 or self.high < 0 else "-"   # "-0.17 to -0.07", not "-0.17--0.07"
+        return f"{v}{suffix} ({lo}{dash}{hi})"
 
     def __str__(self) -> str:
         return format(self, "")

@@ -26,6 +26,8 @@ def test_estimate_formats_value_and_interval():
     assert f"{e:.2f}" == "1.43 (1.38-1.49)"
     assert f"{e:.2fx}" == "1.43x (1.38-1.49)"
     assert f"{report.Estimate(0.25, 0.2, 0.3):.0f%}" == "25% (20-30)"
+    assert f"{report.Estimate(-0.12, -0.17, -0.07):.2f}" == "-0.12 (-0.17 to -0.07)"
+    assert f"{report.Estimate(0.01, -0.02, 0.05):.2f}" == "0.01 (-0.02 to 0.05)"
 
 
 def test_verdict_uses_the_whole_interval():

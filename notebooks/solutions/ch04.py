@@ -12,7 +12,7 @@ ANSWERS = {
     1: "Proposing the unsure token pays when it is still accepted often enough and one more verified position is "
        "cheap. Its draft step is paid either way (the draft already computed the distribution whose entropy said "
        "stop), so the choice weighs only one more position in the target's pass against the chance of one more "
-       "token: propose when P(accepted | this entropy) x (time of a target step) > T_verify(k + 1) - T_verify(k). "
+       "token: propose when P(accepted | this entropy) x (time of a target step) > T(k + 1) - T(k). "
        "Where one more verified position is cheap (on the course CPU in bfloat16 at the 2-3-token passes "
        "`entropy-stop` mostly uses, section 4's box; on a GPU) proposing pays, most of all in sampled decoding where even high-entropy tokens are often accepted; where "
        "a wider pass costs more (float32 on the course CPU, where 2 and 3 tokens cost more than 5), dropping it "
@@ -20,15 +20,15 @@ ANSWERS = {
        "'entropy-stop-before', 'entropy-stop')` and let `report.verdict` say which is faster on your machine. Compare "
        "them at the same fixed θ: an adaptive θ fed only by the tokens it lets through can only fall (every rejected "
        "entropy is at most θ) and locks at drafting nothing.",
-    2: "FPR + c FNR weighs a missed good token (a false negative: stopping before a token the target would have "
-       "accepted) c times a wasted bad one (a false positive). The right c is the ratio of those two costs on the "
+    2: "FPR + w FNR weighs a missed good token (a false negative: stopping before a token the target would have "
+       "accepted) w times a wasted bad one (a false positive). The right weight w is the ratio of those two costs on the "
        "machine: a missed token costs about a target step (the round ends early and the token comes one pass "
        "later), a wasted one costs a draft step plus one more position in the verification pass. "
        "`matching_cost(t_draft, t_verify)` computes that ratio from the costs section 4 measures: where "
-       "verification is nearly free (a GPU; on a CPU, read section 4's box) it is large and c = 10 matches better; "
+       "verification is nearly free (a GPU; on a CPU, read section 4's box) it is large and w = 10 matches better; "
        "where each verified position costs a sizeable fraction of a target step it is small, nearer 1. Compute it "
        "from `cost_ms[dtype]` for each dtype and pick the nearest of 1, 3, 10. A larger "
-       "c gives a lower confidence threshold, so the rule drafts more.",
+       "w gives a lower confidence threshold, so the rule drafts more.",
     3: "The peeking rule emits min(p, q) on the tokens where p >= q plus the undrafted mass times p. The draft's "
        "mass on tokens it overrates (q > p) is handed to a fresh draw from p instead of to the residual (p - q)+, so "
        "overrated tokens come out at m p(x) < p(x) and underrated ones too often; `peeking_emission` returns the "
